@@ -1,0 +1,76 @@
+# Two commands for a new user: `make serve` and `make test`. Both go through `make setup`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-stamp
+GEN := clients/python/inference/v1
+DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
+ARGS ?=
+
+.PHONY: setup serve test unit lint stubs model bench-model bench bench-env polyglot clean help
+
+help:
+	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
+	@echo "make test    - set up and run the test suite"
+	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
+	@echo "make lint    - ruff, mypy and buf lint"
+	@echo "make polyglot - build and run the Go and Java example clients against a live server"
+
+setup: $(STAMP) stubs model
+
+# NOTE: requirements.lock pins the whole environment; llama-cpp-python builds from source (~5 min once,
+# then pip's wheel cache serves it).
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip==25.3
+	$(PIP) install -r requirements.lock
+	$(MAKE) stubs
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+stubs: $(GEN)/inference_pb2.py
+
+# The proto is mapped to inference/v1/inference.proto so the stubs form the package `inference.v1`.
+$(GEN)/inference_pb2.py: protos/inference.proto
+	mkdir -p $(GEN)
+	$(PY) -m grpc_tools.protoc -Iinference/v1=protos --python_out=clients/python \
+		--pyi_out=clients/python --grpc_python_out=clients/python protos/inference.proto
+	touch clients/python/inference/__init__.py $(GEN)/__init__.py
+
+model: $(DEFAULT_MODEL)
+$(DEFAULT_MODEL):
+	$(PYTHON) scripts/fetch_model.py default --dest models
+
+bench-model: $(BENCH_MODEL)
+$(BENCH_MODEL):
+	$(PYTHON) scripts/fetch_model.py bench --dest models
+
+serve: setup
+	$(PY) -m service --model $(DEFAULT_MODEL) $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+unit: setup
+	$(PY) -m pytest -q -m "not model" $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check service clients/python/inference_client tests bench scripts
+	$(VENV)/bin/mypy
+	bash scripts/buf.sh lint
+
+# The bench environment adds llama-cpp-python's own server (the peer we compare against).
+bench-env: setup
+	$(PIP) install -q -r bench/requirements-bench.txt
+
+bench: bench-env bench-model
+	$(PY) -m bench.run $(ARGS)
+
+polyglot: setup
+	bash clients/polyglot.sh
+
+clean:
+	rm -rf $(VENV) clients/python/inference build *.egg-info

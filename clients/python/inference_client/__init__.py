@@ -1,0 +1,1 @@
+"""Python client library for inference.v1.InferenceService."""

@@ -1,0 +1,339 @@
+"""Block-based KV cache manager with shared-prefix reuse over llama.cpp's unified pool.
+
+llama.cpp owns the physical KV cells; this module owns the *accounting* and
+decides which cells live. The pool of ``n_ctx`` cells is split into
+``num_blocks`` blocks of ``block_size`` tokens. A sequence takes blocks as it
+grows; nothing is reserved for ``max_tokens``. Because every block accounts for
+``block_size`` cells while holding at most that many, llama.cpp can never run
+out of cells as long as allocation here succeeds.
+
+Lanes are llama.cpp sequence ids (``0 .. num_lanes-1``). A running sequence
+owns one lane. A cell may belong to several lanes at once, so sharing a cached
+prefix is zero-copy: ``llama_memory_seq_cp(holder, lane, p0, p1)``::
+
+    prompt A  [ sys sys sys | sys sys sys | A A A ]      lane 3 (finished)
+    prompt B  [ sys sys sys | sys sys sys | B B ]        lane 7 (running)
+                 block 12     block 40      block 51 / block 9
+                 ^^^^^^^^^^^^^^^^^^^^^^^^ cells in lanes {3, 7}: cp(3 -> 7, 0, 2*bs)
+
+When a sequence finishes, its full blocks stay cached (their lanes become
+*holder* lanes) until memory is needed; then blocks are evicted LRU, tail
+first, and their cells removed from every holder lane. A lane is reused only
+when it holds no cells. This module never calls llama.cpp: it queues
+``KVOp``s that the engine applies before the next decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from service.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class KVOp:
+    """A cell operation for the engine: ``rm`` lane's cells in [p0, p1), or ``cp`` src's into lane."""
+
+    kind: Literal["rm", "cp"]
+    lane: int
+    p0: int
+    p1: int
+    src: int = -1
+
+
+@dataclass(eq=False)
+class Block:
+    id: int
+    ref_count: int = 0
+    hash: int | None = None  # set while registered in the prefix cache
+    tokens: tuple[int, ...] = ()
+    start: int = 0  # position of the block's first token
+    holders: set[int] = field(default_factory=set)  # lanes whose cells hold this block
+    last_used: int = 0
+
+
+@dataclass
+class KVStats:
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0
+
+
+class KVBlockManager:
+    """Allocates blocks and lanes; see the module docstring for the model."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_lanes: int, prefix_cache: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1 or num_lanes < 1:
+            raise ValueError("num_blocks, block_size and num_lanes must be positive")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.num_lanes = num_lanes
+        self.prefix_cache = prefix_cache
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._cache: dict[int, Block] = {}  # hash -> registered block
+        self._evictable: dict[int, Block] = {}  # registered blocks with ref_count 0
+        self._free_lanes: list[int] = list(range(num_lanes - 1, -1, -1))
+        self._running_lanes: set[int] = set()
+        self._lane_blocks: dict[int, set[int]] = {lane: set() for lane in range(num_lanes)}
+        self._lane_used: dict[int, int] = {}
+        self._ops: list[KVOp] = []
+        self._tick = 0
+        self.stats = KVStats()
+
+    # -- queries -----------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._evictable)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free) - len(self._evictable)
+
+    @property
+    def num_holder_lanes(self) -> int:
+        return sum(1 for lane, b in self._lane_blocks.items() if b and lane not in self._running_lanes)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def take_ops(self) -> list[KVOp]:
+        """Return and clear the cell operations queued since the last call."""
+        ops, self._ops = self._ops, []
+        return ops
+
+    # -- prefix cache ----------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> list[Block]:
+        """Longest cached block-aligned prefix of ``seq``, leaving at least one token to compute."""
+        if not self.prefix_cache:
+            return []
+        hits: list[Block] = []
+        parent = 0
+        bs = self.block_size
+        for i in range((seq.num_tokens - 1) // bs):
+            toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = hash((parent, toks))
+            block = self._cache.get(h)
+            if block is None or block.tokens != toks:
+                break
+            hits.append(block)
+            parent = h
+        return hits
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the sequence's newly completed full blocks in the prefix cache."""
+        if not self.prefix_cache:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed // bs):
+            toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = hash((seq.block_hashes[-1] if seq.block_hashes else 0, toks))
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self._cache:
+                block.hash, block.tokens = h, toks
+                self._cache[h] = block
+
+    # -- allocation ---------------------------------------------------------------
+    def allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> bool:
+        """Admit ``seq``: give it a lane, share ``hits`` and blocks for ``num_new_tokens`` more.
+
+        Returns False (and changes nothing) when memory or lanes are short; the
+        caller then preempts or leaves the sequence waiting.
+        """
+        assert not seq.block_table and seq.lane is None, "sequence already holds KV"
+        n_hit = len(hits) * self.block_size
+        need = self.blocks_for(n_hit + num_new_tokens) - len(hits)
+        reusable = sum(1 for b in hits if b.ref_count == 0)
+        if need > len(self._free) + len(self._evictable) - reusable:
+            return False
+        lane = self._take_lane(exclude={b.id for b in hits})
+        if lane is None:
+            return False
+        self._running_lanes.add(lane)
+        seq.lane = lane
+        self._share(seq, hits)
+        seq.num_computed = n_hit
+        if seq.num_prompt_tokens and not seq.preemptions:
+            seq.num_cached = min(n_hit, seq.num_prompt_tokens)
+            self.stats.prompt_tokens += seq.num_prompt_tokens
+            self.stats.hit_tokens += seq.num_cached
+        return self._grow(seq, n_hit + num_new_tokens)
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for ``num_new_tokens`` more computed tokens; False if memory is short."""
+        need = self.blocks_for(seq.num_computed + num_new_tokens) - len(seq.block_table)
+        if need > len(self._free) + len(self._evictable):
+            return False
+        return self._grow(seq, seq.num_computed + num_new_tokens)
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks and lane. Full registered blocks stay cached."""
+        self._tick += 1
+        for bid in reversed(seq.block_table):
+            block = self.blocks[bid]
+            block.ref_count -= 1
+            if block.ref_count > 0:
+                continue
+            if block.hash is not None:
+                block.last_used = self._tick
+                self._evictable[bid] = block
+            else:
+                self._drop_cells(block)
+                self._free.append(bid)
+        lane = seq.lane
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.lane = None
+        if lane is not None:
+            self._running_lanes.discard(lane)
+            self._lane_used[lane] = self._tick
+            if not self._lane_blocks[lane]:
+                self._free_lanes.append(lane)
+
+    # -- internals ------------------------------------------------------------------
+    def _share(self, seq: Sequence, hits: list[Block]) -> None:
+        """Take references on cached blocks and copy their cells into the sequence's lane."""
+        assert seq.lane is not None
+        self._tick += 1
+        src = -1
+        for block in hits:
+            if block.ref_count == 0:
+                del self._evictable[block.id]
+            block.ref_count += 1
+            block.last_used = self._tick
+            if src not in block.holders:
+                src = min(block.holders)
+            self._merge_op(KVOp("cp", seq.lane, block.start, block.start + self.block_size, src))
+            block.holders.add(seq.lane)
+            self._lane_blocks[seq.lane].add(block.id)
+            seq.block_table.append(block.id)
+            assert block.hash is not None
+            seq.block_hashes.append(block.hash)
+
+    def _merge_op(self, op: KVOp) -> None:
+        last = self._ops[-1] if self._ops else None
+        if last and (last.kind, last.lane, last.src, last.p1) == (op.kind, op.lane, op.src, op.p0):
+            self._ops[-1] = KVOp(op.kind, op.lane, last.p0, op.p1, op.src)
+        else:
+            self._ops.append(op)
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        assert seq.lane is not None
+        while len(seq.block_table) < self.blocks_for(num_tokens):
+            bid = self._take_block()
+            if bid is None:  # pragma: no cover - callers check capacity first
+                return False
+            block = self.blocks[bid]
+            block.ref_count = 1
+            block.start = len(seq.block_table) * self.block_size
+            block.holders = {seq.lane}
+            self._lane_blocks[seq.lane].add(bid)
+            seq.block_table.append(bid)
+        return True
+
+    def _take_block(self) -> int | None:
+        if not self._free and self._evictable:
+            # NOTE: LRU, and within one chain the tail first (larger start), so a
+            # surviving prefix stays reachable through its hash chain.
+            victim = min(self._evictable.values(), key=lambda b: (b.last_used, -b.start))
+            self._evict(victim)
+        return self._free.pop() if self._free else None
+
+    def _evict(self, block: Block) -> None:
+        del self._evictable[block.id]
+        assert block.hash is not None
+        del self._cache[block.hash]
+        block.hash, block.tokens = None, ()
+        self._drop_cells(block)
+        self._free.append(block.id)
+        self.stats.evictions += 1
+
+    def _drop_cells(self, block: Block) -> None:
+        for lane in sorted(block.holders):
+            self._merge_op(KVOp("rm", lane, block.start, block.start + self.block_size))
+            held = self._lane_blocks[lane]
+            held.discard(block.id)
+            if not held and lane not in self._running_lanes and lane not in self._free_lanes:
+                self._free_lanes.append(lane)
+        block.holders = set()
+
+    def _take_lane(self, exclude: set[int]) -> int | None:
+        """A lane with no cells; reclaims the least recently used holder lane if needed."""
+        if self._free_lanes:
+            return self._free_lanes.pop()
+        holders = [lane for lane, b in self._lane_blocks.items() if b and lane not in self._running_lanes]
+        if not holders:
+            return None
+        lane = min(holders, key=lambda ln: self._lane_used.get(ln, 0))
+        for bid in sorted(self._lane_blocks[lane], key=lambda i: -self.blocks[i].start):
+            block = self.blocks[bid]
+            if len(block.holders) > 1:
+                self._merge_op(KVOp("rm", lane, block.start, block.start + self.block_size))
+                block.holders.discard(lane)
+                self._lane_blocks[lane].discard(bid)
+            elif bid not in exclude:
+                self._evict(block)
+            else:  # the only holder of a block we are about to share: keep it
+                return None
+        return self._free_lanes.pop() if self._free_lanes else None
+
+    # -- integrity ------------------------------------------------------------------
+    def check_integrity(self, running: list[Sequence] | None = None) -> None:
+        """Assert the accounting invariants; raise AssertionError naming the first broken one."""
+        free, cached = set(self._free), set(self._evictable)
+        used = {b.id for b in self.blocks if b.ref_count > 0}
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        assert not (free & cached) and not (free & used) and not (cached & used), "a block is in two states"
+        assert len(free) + len(used) + len(cached) == self.num_blocks, (
+            f"free {len(free)} + used {len(used)} + cached {len(cached)} != total {self.num_blocks}"
+        )
+        for h, block in self._cache.items():
+            assert block.hash == h, f"block {block.id} registered under a stale hash"
+        for block in self.blocks:
+            if block.id in free:
+                assert not block.holders and block.hash is None, f"free block {block.id} still holds cells"
+            else:
+                assert block.holders, f"block {block.id} in use but held by no lane"
+            for lane in block.holders:
+                assert block.id in self._lane_blocks[lane], f"lane {lane} lost track of block {block.id}"
+        self._check_lanes()
+        if running is not None:
+            self._check_tables(running)
+
+    def _check_lanes(self) -> None:
+        free_lanes = set(self._free_lanes)
+        assert len(free_lanes) == len(self._free_lanes), "a lane is free twice"
+        assert not (free_lanes & self._running_lanes), "a lane is both free and running"
+        for lane, held in self._lane_blocks.items():
+            for bid in held:
+                assert lane in self.blocks[bid].holders, f"lane {lane} claims block {bid} it does not hold"
+            if lane in free_lanes:
+                assert not held, f"free lane {lane} still holds cells"
+            elif lane not in self._running_lanes:
+                assert held, f"lane {lane} is neither free, running nor holding"
+
+    def _check_tables(self, running: list[Sequence]) -> None:
+        refs: dict[int, int] = {}
+        for seq in running:
+            assert seq.lane in self._running_lanes, f"{seq.request_id} runs without its lane"
+            assert len(seq.block_table) >= self.blocks_for(seq.num_computed), f"{seq.request_id} lacks blocks"
+            for bid in seq.block_table:
+                refs[bid] = refs.get(bid, 0) + 1
+                assert seq.lane in self.blocks[bid].holders, f"{seq.request_id} block {bid} not in its lane"
+        for block in self.blocks:
+            assert block.ref_count == refs.get(block.id, 0), (
+                f"block {block.id} ref_count {block.ref_count} != {refs.get(block.id, 0)} table references"
+            )
+            if refs.get(block.id, 0) > 1:
+                assert block.hash is not None, f"unregistered block {block.id} is shared"
+        assert len(self._running_lanes) == len(running), "running lanes do not match running sequences"
