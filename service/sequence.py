@@ -84,6 +84,7 @@ class Sequence:
     emit: Callable[[Any], None] = lambda _e: None
     deadline: float | None = None  # time.monotonic() value, or None
     matcher: Any = None  # GrammarMatcher for constrained output, else None
+    grammar: Any = None  # the CompiledGrammar behind ``matcher``
     text: TextStream | None = None
     uid: int = field(default_factory=lambda: next(_uid))
     arrival: float = field(default_factory=time.monotonic)
@@ -105,6 +106,10 @@ class Sequence:
     finish_time: float | None = None
     rng: np.random.Generator | None = None
     trace: Any = None  # request tracing handle (service.telemetry), or None
+    # Output produced by the current step, drained by the engine's emit.
+    out_tokens: list[int] = field(default_factory=list)
+    out_text: str = ""
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

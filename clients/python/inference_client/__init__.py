@@ -1,1 +1,51 @@
-"""Python client library for inference.v1.InferenceService."""
+"""Python client library for inference.v1.InferenceService.
+
+* :class:`InferenceClient` (sync) and :class:`AsyncInferenceClient` (asyncio):
+  ``generate`` (streamed events), ``generate_many`` (many requests on one
+  stream), ``generate_json``, ``cancel``, ``metrics``, ``health``.
+* Events: :class:`Delta`, :class:`Done` (and :class:`ErrorEvent` on multiplexed streams).
+* Failures: :class:`InferenceError` with the gRPC status ``code``.
+* Retries: :class:`RetryPolicy` (client side), or gRPC's native retries via
+  :func:`retry_service_config` + :func:`channel_options`.
+"""
+
+from __future__ import annotations
+
+from .aio import AsyncInferenceClient
+from .aio_stream import AsyncGenerateStream, AsyncGeneration
+from .client import DEFAULT_TARGET, InferenceClient
+from .errors import InferenceError
+from .events import Delta, Done, ErrorEvent, Event, Result, StreamEvent, Timing, Usage
+from .metrics import format_metrics, metrics_to_dict
+from .retry import NO_RETRY, RetryPolicy
+from .service_config import channel_options, retry_service_config
+from .spec import GenerateOptions, RequestSpec, SamplingOptions
+from .stream import GenerateStream, Generation
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "NO_RETRY",
+    "AsyncGenerateStream",
+    "AsyncGeneration",
+    "AsyncInferenceClient",
+    "Delta",
+    "Done",
+    "ErrorEvent",
+    "Event",
+    "GenerateOptions",
+    "GenerateStream",
+    "Generation",
+    "InferenceClient",
+    "InferenceError",
+    "RequestSpec",
+    "Result",
+    "RetryPolicy",
+    "SamplingOptions",
+    "StreamEvent",
+    "Timing",
+    "Usage",
+    "channel_options",
+    "format_metrics",
+    "metrics_to_dict",
+    "retry_service_config",
+]

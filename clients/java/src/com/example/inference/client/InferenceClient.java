@@ -1,0 +1,291 @@
+package com.example.inference.client;
+
+import com.example.inference.v1.Done;
+import com.example.inference.v1.FinishReason;
+import com.example.inference.v1.GenerateJSONRequest;
+import com.example.inference.v1.GenerateJSONResponse;
+import com.example.inference.v1.GenerateRequest;
+import com.example.inference.v1.GenerateResponse;
+import com.example.inference.v1.InferenceServiceGrpc;
+import com.example.inference.v1.Priority;
+import com.example.inference.v1.SamplingParams;
+import com.example.inference.v1.Timing;
+import com.example.inference.v1.Usage;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.stub.StreamObserver;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Small example client for inference.v1.InferenceService.
+ *
+ * <p>Streams one Generate request (printing the text as it arrives, then the done event's finish
+ * reason, usage and timing) and makes one GenerateJSON call (printing the JSON document). Exits
+ * non-zero on any failure, except that a GenerateJSON answered with UNIMPLEMENTED is reported and
+ * tolerated.
+ *
+ * <p>Usage: {@code inference-client [-addr host:port] [-prompt TEXT] [-max-tokens N] [-timeout SECONDS]
+ * [-skip-json]}
+ */
+public final class InferenceClient {
+  private static final String PERSON_SCHEMA =
+      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+          + "\"age\":{\"type\":\"integer\"}},\"required\":[\"name\",\"age\"]}";
+  private static final String REQUEST_ID = "java-1";
+  private static final Object COMPLETED = new Object();
+
+  private static final PrintStream OUT =
+      new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
+
+  /** Raised for any failure the client reports. */
+  static final class ClientException extends Exception {
+    ClientException(String message) {
+      super(message);
+    }
+  }
+
+  private InferenceClient() {}
+
+  public static void main(String[] args) throws InterruptedException {
+    String addr = "localhost:50051";
+    String prompt = "Once upon a time, a lighthouse keeper";
+    String jsonPrompt = "Describe a person named Alice who is 30 years old as JSON.";
+    int maxTokens = 32;
+    long timeoutS = 120;
+    boolean skipJson = false;
+    for (int i = 0; i < args.length; i++) {
+      String a = args[i].replaceFirst("^--", "-");
+      switch (a) {
+        case "-addr":
+          addr = args[++i];
+          break;
+        case "-prompt":
+          prompt = args[++i];
+          break;
+        case "-json-prompt":
+          jsonPrompt = args[++i];
+          break;
+        case "-max-tokens":
+          maxTokens = Integer.parseInt(args[++i]);
+          break;
+        case "-timeout":
+          timeoutS = Long.parseLong(args[++i]);
+          break;
+        case "-skip-json":
+          skipJson = true;
+          break;
+        default:
+          System.err.println("java-client: unknown argument " + args[i]);
+          System.err.println(
+              "usage: inference-client [-addr host:port] [-prompt TEXT] [-json-prompt TEXT]"
+                  + " [-max-tokens N] [-timeout SECONDS] [-skip-json]");
+          System.exit(2);
+      }
+    }
+
+    ManagedChannel channel = ManagedChannelBuilder.forTarget(addr).usePlaintext().build();
+    int rc = 0;
+    try {
+      generate(channel, prompt, maxTokens, timeoutS);
+      if (!skipJson) {
+        generateJson(channel, jsonPrompt, timeoutS);
+      }
+      OUT.println("java-client: OK");
+    } catch (ClientException | StatusRuntimeException e) {
+      System.err.println(
+          "java-client: FAILED: "
+              + (e instanceof StatusRuntimeException
+                  ? describe(((StatusRuntimeException) e).getStatus())
+                  : e.getMessage()));
+      rc = 1;
+    } finally {
+      channel.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+    }
+    System.exit(rc);
+  }
+
+  /** Formats a status as "CODE: description (cause)" without a stack trace. */
+  private static String describe(Status s) {
+    StringBuilder b = new StringBuilder(s.getCode().name());
+    if (s.getDescription() != null) {
+      b.append(": ").append(s.getDescription());
+    }
+    if (s.getCause() != null) {
+      b.append(" (").append(s.getCause()).append(')');
+    }
+    return b.toString();
+  }
+
+  /** Sends one request on a Generate stream and prints its events. */
+  private static void generate(ManagedChannel channel, String prompt, int maxTokens, long timeoutS)
+      throws ClientException, InterruptedException {
+    BlockingQueue<Object> events = new LinkedBlockingQueue<>();
+    StreamObserver<GenerateRequest> requests =
+        InferenceServiceGrpc.newStub(channel)
+            .withDeadlineAfter(timeoutS, TimeUnit.SECONDS)
+            .generate(
+                new StreamObserver<GenerateResponse>() {
+                  @Override
+                  public void onNext(GenerateResponse value) {
+                    events.add(value);
+                  }
+
+                  @Override
+                  public void onError(Throwable t) {
+                    events.add(t);
+                  }
+
+                  @Override
+                  public void onCompleted() {
+                    events.add(COMPLETED);
+                  }
+                });
+    requests.onNext(
+        GenerateRequest.newBuilder()
+            .setRequestId(REQUEST_ID)
+            .setPrompt(prompt)
+            .setSampling(
+                SamplingParams.newBuilder()
+                    .setMaxTokens(maxTokens)
+                    .setTemperature(0.7f)
+                    .setSeed(42))
+            .setPriority(Priority.PRIORITY_INTERACTIVE)
+            .build());
+    OUT.printf("[generate] request_id=%s prompt=\"%s\" max_tokens=%d%n", REQUEST_ID, prompt, maxTokens);
+
+    int deltas = 0;
+    while (true) {
+      Object ev = events.poll(timeoutS + 5, TimeUnit.SECONDS);
+      if (ev == null) {
+        requests.onError(Status.CANCELLED.withDescription("client timeout").asException());
+        throw new ClientException("Generate: no event within " + timeoutS + " s");
+      }
+      if (ev == COMPLETED) {
+        throw new ClientException("Generate: stream ended before the done event");
+      }
+      if (ev instanceof Throwable) {
+        throw new ClientException("Generate: " + describe(Status.fromThrowable((Throwable) ev)));
+      }
+      GenerateResponse resp = (GenerateResponse) ev;
+      if (!REQUEST_ID.equals(resp.getRequestId())) {
+        requests.onError(Status.CANCELLED.asException());
+        throw new ClientException("Generate: event for unknown request_id " + resp.getRequestId());
+      }
+      switch (resp.getEventCase()) {
+        case DELTA:
+          deltas++;
+          OUT.print(resp.getDelta().getText());
+          OUT.flush();
+          break;
+        case ERROR:
+          com.example.inference.v1.Error err = resp.getError();
+          OUT.println();
+          requests.onError(Status.CANCELLED.asException());
+          throw new ClientException(
+              String.format(
+                  "Generate: error event: %s (code %d): %s",
+                  err.getStatus(), err.getCode(), err.getMessage()));
+        case DONE:
+          Done done = resp.getDone();
+          Usage u = done.getUsage();
+          Timing t = done.getTiming();
+          OUT.println();
+          OUT.printf("[done] finish_reason=%s deltas=%d%n", done.getFinishReason(), deltas);
+          OUT.printf(
+              "[done] usage: prompt_tokens=%d completion_tokens=%d cached_tokens=%d%n",
+              u.getPromptTokens(), u.getCompletionTokens(), u.getCachedTokens());
+          OUT.printf(
+              "[done] timing: queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f preemptions=%d%n",
+              t.getQueueMs(), t.getTtftMs(), t.getTotalMs(), done.getPreemptions());
+          if (done.getFinishReason() == FinishReason.FINISH_REASON_UNSPECIFIED) {
+            requests.onError(Status.CANCELLED.asException());
+            throw new ClientException("Generate: done event without a finish reason");
+          }
+          closeStream(requests, events);
+          return;
+        default:
+          requests.onError(Status.CANCELLED.asException());
+          throw new ClientException("Generate: event without a payload");
+      }
+    }
+  }
+
+  /** Half-closes the stream and waits for the server to end it. */
+  private static void closeStream(StreamObserver<GenerateRequest> requests, BlockingQueue<Object> events)
+      throws ClientException, InterruptedException {
+    requests.onCompleted();
+    Object ev = events.poll(30, TimeUnit.SECONDS);
+    if (ev == COMPLETED) {
+      return;
+    }
+    if (ev == null) {
+      throw new ClientException("Generate: server did not end the stream after the client half-closed it");
+    }
+    if (ev instanceof Throwable) {
+      throw new ClientException(
+          "Generate: stream ended with " + describe(Status.fromThrowable((Throwable) ev)) + " after the done event");
+    }
+    throw new ClientException("Generate: unexpected event after done: " + ev);
+  }
+
+  /** Asks for one JSON document and checks it against the schema's required keys. */
+  private static void generateJson(ManagedChannel channel, String prompt, long timeoutS)
+      throws ClientException {
+    OUT.printf("[json] prompt=\"%s\" schema=%s%n", prompt, PERSON_SCHEMA);
+    GenerateJSONResponse resp;
+    try {
+      resp =
+          InferenceServiceGrpc.newBlockingStub(channel)
+              .withDeadlineAfter(timeoutS, TimeUnit.SECONDS)
+              .generateJSON(
+                  GenerateJSONRequest.newBuilder()
+                      .setPrompt(prompt)
+                      .setJsonSchema(PERSON_SCHEMA)
+                      .setSampling(SamplingParams.newBuilder().setMaxTokens(128).setTemperature(0f))
+                      .build());
+    } catch (StatusRuntimeException e) {
+      if (e.getStatus().getCode() == Status.Code.UNIMPLEMENTED) {
+        OUT.printf(
+            "[json] GenerateJSON is UNIMPLEMENTED on this server (%s); skipped%n",
+            e.getStatus().getDescription());
+        return;
+      }
+      throw new ClientException("GenerateJSON: " + describe(e.getStatus()));
+    }
+    OUT.printf("[json] %s%n", resp.getJson());
+    OUT.printf(
+        "[json] finish_reason=%s prompt_tokens=%d completion_tokens=%d total_ms=%.1f%n",
+        resp.getFinishReason(),
+        resp.getUsage().getPromptTokens(),
+        resp.getUsage().getCompletionTokens(),
+        resp.getTiming().getTotalMs());
+    JsonObject doc;
+    try {
+      doc = JsonParser.parseString(resp.getJson()).getAsJsonObject();
+    } catch (RuntimeException e) {
+      throw new ClientException("GenerateJSON returned invalid JSON: " + e.getMessage());
+    }
+    JsonElement name = doc.get("name");
+    if (name == null || !name.isJsonPrimitive() || !name.getAsJsonPrimitive().isString()) {
+      throw new ClientException("GenerateJSON document lacks a string \"name\"");
+    }
+    JsonElement age = doc.get("age");
+    if (age == null
+        || !age.isJsonPrimitive()
+        || !age.getAsJsonPrimitive().isNumber()
+        || age.getAsBigDecimal().stripTrailingZeros().scale() > 0) {
+      throw new ClientException("GenerateJSON document lacks an integer \"age\"");
+    }
+  }
+}

@@ -1,0 +1,192 @@
+"""``inference-client``: command-line access to the inference service.
+
+Commands::
+
+    inference-client generate PROMPT [sampling options] [--chat] [--priority batch]
+    inference-client json --schema FILE PROMPT
+    inference-client metrics [--json]
+    inference-client health [--service NAME]
+
+Global options: ``--target`` (default ``$INFERENCE_TARGET`` or localhost:50051),
+``--timeout`` seconds, ``--retries`` attempts. A PROMPT of ``-`` is read from stdin.
+
+Exit status: 0 on success; 1 when ``health`` finds the server not SERVING;
+2 on any error, reported on stderr as ``error: <STATUS_NAME>: <message>``;
+130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .client import DEFAULT_TARGET, InferenceClient
+from .errors import InferenceError
+from .events import Delta, Done
+from .metrics import format_metrics, metrics_to_dict
+from .retry import RetryPolicy
+from .spec import MessageLike
+
+EXIT_NOT_SERVING = 1
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="prompt text, or - to read it from stdin")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a single user chat message")
+    p.add_argument("--system", help="system message (implies --chat)")
+    p.add_argument("--priority", choices=("interactive", "batch"), help="scheduling tier")
+    p.add_argument("--max-tokens", type=int, help="maximum generated tokens")
+    p.add_argument("--temperature", type=float, help="softmax temperature; 0 = greedy")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass")
+    p.add_argument("--top-k", type=int, help="keep the k most likely tokens; 0 disables")
+    p.add_argument("--min-p", type=float, help="drop tokens below min-p times the top probability")
+    p.add_argument("--seed", type=int, help="random seed (reproducible output)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``inference-client``."""
+    parser = argparse.ArgumentParser(prog="inference-client", description="Client of inference.v1.")
+    parser.add_argument(
+        "--target",
+        default=os.environ.get("INFERENCE_TARGET", DEFAULT_TARGET),
+        help="server host:port (default: $INFERENCE_TARGET or %(default)s)",
+    )
+    parser.add_argument("--timeout", type=float, help="deadline of the call in seconds (default: none)")
+    parser.add_argument("--retries", type=int, default=4, help="attempts on UNAVAILABLE/RESOURCE_EXHAUSTED")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="stream a generation to stdout")
+    _add_sampling(gen)
+    fmt = gen.add_mutually_exclusive_group()
+    fmt.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON Schema")
+    fmt.add_argument("--regex", help="constrain the output to this regular expression")
+
+    js = sub.add_parser("json", help="generate one JSON document valid against a schema")
+    js.add_argument("--schema", required=True, metavar="FILE", help="JSON Schema file")
+    js.add_argument("--compact", action="store_true", help="print the document on one line")
+    _add_sampling(js)
+
+    met = sub.add_parser("metrics", help="print the engine metrics")
+    met.add_argument("--json", action="store_true", help="print all fields as JSON")
+
+    health = sub.add_parser("health", help="print the health status (exit 0 if SERVING)")
+    health.add_argument("--service", default="", help='service name ("" = the whole server)')
+    return parser
+
+
+def _input(args: argparse.Namespace) -> dict[str, Any]:
+    """``prompt=`` or ``messages=`` keyword arguments from the parsed options."""
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not (args.chat or args.system):
+        return {"prompt": prompt}
+    messages: list[MessageLike] = [("system", args.system)] if args.system else []
+    messages.append(("user", prompt))
+    return {"messages": messages}
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "priority")
+    options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    if args.stop:
+        options["stop"] = args.stop
+    if args.ignore_eos:
+        options["ignore_eos"] = True
+    return options
+
+
+def _read_schema(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    json.loads(text)  # fail early, with a clear message, on a malformed schema file
+    return text
+
+
+def summary_line(done: Done) -> str:
+    """One line of usage and timing for stderr."""
+    u, t = done.usage, done.timing
+    decode_ms = t.total_ms - t.ttft_ms
+    rate = (u.completion_tokens - 1) / (decode_ms / 1000.0) if u.completion_tokens > 1 and decode_ms > 0 else 0
+    return (
+        f"[finish={done.finish_reason} prompt={u.prompt_tokens} cached={u.cached_tokens} "
+        f"completion={u.completion_tokens} queue={t.queue_ms:.1f}ms ttft={t.ttft_ms:.1f}ms "
+        f"total={t.total_ms:.1f}ms decode={rate:.1f}tok/s preemptions={done.preemptions}]"
+    )
+
+
+def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
+    """Stream deltas to stdout as they arrive; summary to stderr."""
+    options: dict[str, Any] = _sampling(args)
+    if args.json_schema:
+        options["json_schema"] = _read_schema(args.json_schema)
+    if args.regex:
+        options["regex"] = args.regex
+    with client.generate(**_input(args), **options) as generation:
+        for event in generation:
+            if isinstance(event, Delta):
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")
+    if generation.done is not None:
+        print(summary_line(generation.done), file=sys.stderr)
+    return 0
+
+
+def cmd_json(client: InferenceClient, args: argparse.Namespace) -> int:
+    """Print the generated JSON document."""
+    resp = client.generate_json_response(_read_schema(args.schema), **_input(args), **_sampling(args))
+    doc = json.loads(resp.json)
+    print(json.dumps(doc, separators=(",", ":")) if args.compact else json.dumps(doc, indent=2))
+    t = resp.timing
+    print(
+        f"[prompt={resp.usage.prompt_tokens} completion={resp.usage.completion_tokens} "
+        f"ttft={t.ttft_ms:.1f}ms total={t.total_ms:.1f}ms]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_metrics(client: InferenceClient, args: argparse.Namespace) -> int:
+    """Print the metrics table (or JSON)."""
+    snapshot = client.metrics()
+    print(json.dumps(metrics_to_dict(snapshot), indent=2) if args.json else format_metrics(snapshot))
+    return 0
+
+
+def cmd_health(client: InferenceClient, args: argparse.Namespace) -> int:
+    """Print the health status; exit 0 only if SERVING."""
+    status = client.health(args.service)
+    print(status)
+    return 0 if status == "SERVING" else EXIT_NOT_SERVING
+
+
+_COMMANDS = {"generate": cmd_generate, "json": cmd_json, "metrics": cmd_metrics, "health": cmd_health}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit status (errors are reported, never raised)."""
+    args = build_parser().parse_args(argv)
+    retry = RetryPolicy(max_attempts=max(1, args.retries))
+    try:
+        with InferenceClient(args.target, timeout=args.timeout, retry=retry) as client:
+            return _COMMANDS[args.command](client, args)
+    except InferenceError as exc:
+        print(f"error: {exc.status}: {exc.message}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # schema file unreadable or malformed, bad option values
+        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

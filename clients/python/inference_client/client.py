@@ -1,0 +1,196 @@
+"""Sync client of inference.v1.InferenceService.
+
+Example::
+
+    from inference_client import InferenceClient
+
+    with InferenceClient("localhost:50051", timeout=60) as client:
+        for event in client.generate("Once upon a time", max_tokens=32, temperature=0):
+            print(getattr(event, "text", ""), end="", flush=True)
+
+Every failure raises :class:`~inference_client.errors.InferenceError`. Unary
+calls and not-yet-answered streams are retried per the client's
+:class:`~inference_client.retry.RetryPolicy`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Unpack
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+from .metrics import metrics_to_dict
+from .retry import RetryPolicy, call_with_retry
+from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
+from .stream import GenerateStream, Generation, StreamRegistry
+
+DEFAULT_TARGET = "localhost:50051"
+
+
+class InferenceClient:
+    """Client bound to one channel: from a ``target`` ("host:port") or an existing ``channel``.
+
+    Args:
+        target: server address; ignored when ``channel`` is given.
+        channel: a channel to use; the client does not close it.
+        timeout: default deadline in seconds of every call (None = no deadline);
+            for streams it bounds the whole stream, retries included.
+        retry: client-side retry policy (default ``RetryPolicy()``; ``NO_RETRY`` disables).
+        metadata: extra request metadata sent with every call.
+        options: channel options, e.g. ``channel_options(retry_service_config())``.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        channel: grpc.Channel | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        metadata: Sequence[tuple[str, str]] | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._owns_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(target or DEFAULT_TARGET, options=list(options))
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self.metadata = tuple(metadata) if metadata else None
+        self._stub = pb_grpc.InferenceServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._registry = StreamRegistry()
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    def open_stream(self, *, timeout: float | None = None) -> GenerateStream:
+        """Open an empty multiplexed Generate stream; ``submit`` requests, then ``close`` it."""
+        return GenerateStream(
+            self._stub,
+            policy=self.retry,
+            timeout=self._timeout(timeout),
+            metadata=self.metadata,
+            registry=self._registry,
+        )
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> Generation:
+        """Stream one generation: ``Delta`` events, then ``Done``.
+
+        Pass exactly one of ``prompt`` and ``messages``. ``options`` are the
+        sampling fields, ``priority`` ("interactive"/"batch") and at most one
+        output constraint (``json_schema``, ``regex``, ``lark_grammar``,
+        ``gbnf_grammar``). The returned :class:`Generation` is an iterator with
+        ``cancel()``; ``client.cancel(request_id)`` works too.
+        """
+        spec = RequestSpec(prompt=prompt, messages=messages, request_id=request_id, **options)
+        stream = self.open_stream(timeout=timeout)
+        rid = stream.submit(spec)
+        stream.close()
+        return Generation(stream, rid)
+
+    def generate_many(
+        self,
+        requests: Iterable[RequestSpec | str],
+        *,
+        timeout: float | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> GenerateStream:
+        """Send many requests on ONE Generate stream.
+
+        Bare prompts take ``options``; ``RequestSpec`` items are used as given.
+        Iterate the result for interleaved ``(request_id, event)`` pairs (a
+        failed request yields an ``ErrorEvent``), or call ``collect()`` for a
+        ``{request_id: Result}`` dict. ``request_ids`` lists the ids in order.
+        """
+        stream = self.open_stream(timeout=timeout)
+        try:
+            for item in requests:
+                stream.submit(RequestSpec(prompt=item, **options) if isinstance(item, str) else item)
+        except BaseException:
+            stream.abort()
+            raise
+        stream.close()
+        return stream
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel an in-flight request of any of this client's streams; False if none has it."""
+        stream = self._registry.owner(request_id)
+        return stream is not None and bool(stream.cancel(request_id))
+
+    def generate_json_response(
+        self,
+        schema: Mapping[str, Any] | str,
+        prompt: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        timeout: float | None = None,
+        **options: Unpack[SamplingOptions],
+    ) -> pb.GenerateJSONResponse:
+        """Call GenerateJSON; return the raw response (document text, usage, timing)."""
+        request = json_request(schema, RequestSpec(prompt=prompt, messages=messages, **options))
+        return call_with_retry(
+            lambda t: self._stub.GenerateJSON(request, timeout=t, metadata=self.metadata),
+            self.retry,
+            self._timeout(timeout),
+        )
+
+    def generate_json(
+        self,
+        schema: Mapping[str, Any] | str,
+        prompt: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        timeout: float | None = None,
+        **options: Unpack[SamplingOptions],
+    ) -> Any:
+        """Generate one JSON document valid against ``schema`` (a dict or JSON text); return it parsed.
+
+        The result is a dict for object schemas (any JSON value in general).
+        """
+        resp = self.generate_json_response(schema, prompt, messages, timeout=timeout, **options)
+        return json.loads(resp.json)
+
+    def metrics(self, *, timeout: float | None = None) -> pb.GetMetricsResponse:
+        """The engine's metrics snapshot (``metrics_to_dict`` turns it into a dict)."""
+        return call_with_retry(
+            lambda t: self._stub.GetMetrics(pb.GetMetricsRequest(), timeout=t, metadata=self.metadata),
+            self.retry,
+            self._timeout(timeout),
+        )
+
+    def metrics_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The metrics snapshot as a plain dict (proto field names, enums as names)."""
+        return metrics_to_dict(self.metrics(timeout=timeout))
+
+    def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """grpc.health.v1 status of ``service`` ("" = the server): "SERVING", "NOT_SERVING", ..."""
+        request = health_pb2.HealthCheckRequest(service=service)
+        resp = call_with_retry(
+            lambda t: self._health.Check(request, timeout=t, metadata=self.metadata),
+            self.retry,
+            self._timeout(timeout),
+        )
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+    def close(self) -> None:
+        """Close the channel if the client created it."""
+        if self._owns_channel:
+            self.channel.close()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

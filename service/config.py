@@ -1,0 +1,138 @@
+"""Server configuration: every flag has a default, a --help text and an environment variable.
+
+The environment variable of ``--max-running`` is ``INFERENCE_MAX_RUNNING``, and
+so on; a flag given on the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+ENV_PREFIX = "INFERENCE_"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = DEFAULT_MODEL
+    host: str = "0.0.0.0"
+    port: int = 50051
+    threads: int = os.cpu_count() or 2
+    ctx: int = 8192
+    max_running: int = 32
+    kv_lanes: int = 128
+    block_size: int = 16
+    step_tokens: int = 256
+    prefix_cache: bool = True
+    scheduling: str = "priority"
+    aging_s: float = 30.0
+    queue_limit_interactive: int = 256
+    queue_limit_batch: int = 1024
+    grace_seconds: float = 10.0
+    max_schema_bytes: int = 64_000
+    grammar_timeout_s: float = 5.0
+    log_format: str = "text"
+    log_level: str = "INFO"
+    trace_console: bool = False
+    prometheus_port: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+HELP = {
+    "model": "GGUF model file",
+    "host": "address to listen on",
+    "port": "port to listen on (0 picks a free one)",
+    "threads": "llama.cpp compute threads",
+    "ctx": "KV pool size in tokens (shared by all sequences)",
+    "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
+    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256)",
+    "block_size": "tokens per KV block",
+    "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
+    "prefix_cache": "reuse KV of shared prompt prefixes",
+    "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",
+    "aging_s": "a batch request waiting longer than this is treated as interactive",
+    "queue_limit_interactive": "waiting interactive requests before RESOURCE_EXHAUSTED",
+    "queue_limit_batch": "waiting batch requests before RESOURCE_EXHAUSTED",
+    "grace_seconds": "on SIGTERM, time given to in-flight requests before they are cancelled",
+    "max_schema_bytes": "largest JSON Schema / grammar accepted",
+    "grammar_timeout_s": "longest grammar compilation accepted",
+    "log_format": "text or json (JSON lines)",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "trace_console": "also print OpenTelemetry spans to the console",
+    "prometheus_port": "serve OpenTelemetry metrics for Prometheus on this port (0 = off)",
+}
+CHOICES = {"scheduling": ("priority", "fcfs"), "log_format": ("text", "json")}
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inference-server",
+        description="gRPC LLM inference service (inference.v1.InferenceService) over llama.cpp.",
+        epilog="Every flag can also be set through the environment variable shown in its help.",
+    )
+    for f in fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{HELP[f.name]} (default: {f.default}) [env {_env_name(f.name)}]"
+        if f.type == "bool" or isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            kind = type(f.default)
+            parser.add_argument(flag, type=kind, default=None, help=help_text, choices=CHOICES.get(f.name))
+    return parser
+
+
+def load_config(argv: list[str] | None = None, env: dict[str, str] | None = None) -> ServerConfig:
+    """Flags over environment over defaults; raises SystemExit with a message on bad values."""
+    env = dict(os.environ) if env is None else env
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    for f in fields(ServerConfig):
+        given = getattr(args, f.name)
+        if given is None and _env_name(f.name) in env:
+            raw = env[_env_name(f.name)]
+            try:
+                given = _parse_bool(raw) if isinstance(f.default, bool) else type(f.default)(raw)
+            except ValueError:
+                parser.error(f"{_env_name(f.name)}={raw!r} is not a valid {type(f.default).__name__}")
+            if f.name in CHOICES and given not in CHOICES[f.name]:
+                parser.error(f"{_env_name(f.name)} must be one of {', '.join(CHOICES[f.name])}")
+        if given is not None:
+            values[f.name] = given
+    config = ServerConfig(**values)
+    problem = validate(config)
+    if problem:
+        parser.error(problem)
+    return config
+
+
+def validate(c: ServerConfig) -> str | None:
+    """A message naming the first inconsistent setting, or None."""
+    if c.max_running < 1:
+        return "--max-running must be >= 1"
+    if not 1 <= c.max_running < c.kv_lanes <= 256:
+        return "--kv-lanes must be greater than --max-running and at most 256"
+    if c.step_tokens < c.max_running:
+        return "--step-tokens must be >= --max-running"
+    if c.block_size < 1 or c.ctx < c.block_size:
+        return "--ctx must be at least one block"
+    if c.threads < 1:
+        return "--threads must be >= 1"
+    return None

@@ -1,0 +1,52 @@
+"""Events the engine emits per request; the servicer turns them into protos."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.sequence import FinishReason, Sequence
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    queue_ms: float
+    ttft_ms: float
+    total_ms: float
+    preemptions: int
+
+    @classmethod
+    def of(cls, seq: Sequence) -> Done:
+        """Summary of a finished sequence (times in ms since arrival; 0 when not reached)."""
+
+        def ms(t: float | None) -> float:
+            return (t - seq.arrival) * 1e3 if t is not None else 0.0
+
+        assert seq.finish_reason is not None
+        return cls(
+            seq.finish_reason,
+            seq.num_prompt_tokens,
+            seq.num_generated,
+            seq.num_cached,
+            ms(seq.first_scheduled),
+            ms(seq.first_token_time),
+            ms(seq.finish_time),
+            seq.preemptions,
+        )
+
+
+@dataclass(frozen=True)
+class Error:
+    """A per-request failure: ``status`` is a grpc.StatusCode name."""
+
+    status: str
+    message: str

@@ -1,0 +1,227 @@
+"""The scheduler plans each engine step; it never calls the model.
+
+``schedule()`` returns a frozen ``Plan``: which sequences run, how many tokens
+each computes, who was preempted and which KV cell operations must be applied
+before the decode. ``update(plan, sampled)`` applies the step's results.
+
+Per-step token budget, in this order::
+
+    [ decode tokens of running sequences ][ prefill chunks, interactive tier ][ ... batch tier ]
+      1 token each (or a few forced ones)   running prefills, then admissions   (chunked to fit)
+
+so decoding never starves behind prefill, interactive prefill goes before batch
+prefill, and a long prompt is split across steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from service.paged_kv import KVBlockManager, KVOp
+from service.priority import QueuePolicy
+from service.sequence import FinishReason, Priority, Sequence, SeqStatus
+
+# A running sequence with at most this many uncomputed tokens is "decoding"
+# (more than one happens when a grammar forces tokens).
+DECODE_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int
+    sample: bool  # the chunk reaches the last token: logits are needed
+
+
+@dataclass(frozen=True)
+class Plan:
+    items: tuple[ScheduledSeq, ...]
+    preempted: tuple[Sequence, ...]
+    expired: tuple[Sequence, ...]  # deadline passed while queued; never ran
+    kv_ops: tuple[KVOp, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items)
+
+
+FinishCheck = Callable[[Sequence, int], FinishReason | None]
+
+
+class Scheduler:
+    """Owns the waiting and running lists; plans steps under token, lane and KV limits."""
+
+    def __init__(
+        self,
+        kv: KVBlockManager,
+        policy: QueuePolicy,
+        *,
+        max_running: int,
+        token_budget: int,
+        append_token: FinishCheck,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if token_budget < max_running:
+            raise ValueError("token_budget must be >= max_running so every running sequence can decode")
+        self.kv = kv
+        self.policy = policy
+        self.max_running = max_running
+        self.token_budget = token_budget
+        self._append_token = append_token
+        self._clock = clock
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.preemptions: Counter[tuple[Priority, str]] = Counter()
+
+    # -- requests ----------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+        """Remove ``seq`` wherever it is and free its KV. False if it already finished."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            return False
+        self._finish(seq, reason)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def waiting_by_tier(self) -> Counter[Priority]:
+        return Counter(s.priority for s in self.waiting)
+
+    # -- planning ------------------------------------------------------------------
+    def schedule(self) -> Plan:
+        now = self._clock()
+        expired = tuple(s for s in self.waiting if s.expired(now))
+        for seq in expired:
+            self.waiting.remove(seq)
+            self._finish(seq, FinishReason.CANCELLED)
+        step = _StepBuilder(self, now)
+        tiered = sorted(self.running, key=lambda s: (self.policy.effective_tier(s, now), s.arrival))
+        for seq in [s for s in tiered if s.num_uncomputed <= DECODE_MAX_TOKENS]:
+            step.run(seq)
+        prefilling = [s for s in tiered if s.num_uncomputed > DECODE_MAX_TOKENS]
+        queue = self.policy.order(self.waiting, now)
+        for tier in (Priority.INTERACTIVE, Priority.BATCH):
+            for seq in prefilling:
+                if self.policy.effective_tier(seq, now) == tier and seq in self.running:
+                    step.run(seq)
+            for seq in queue:
+                if self.policy.effective_tier(seq, now) == tier and not step.admit(seq):
+                    break
+        return Plan(tuple(step.items.values()), tuple(step.preempted), expired, tuple(self.kv.take_ops()))
+
+    def preempt(self, victim: Sequence, reason: str) -> None:
+        """Preempt by recompute: free the victim's KV, keep its tokens, queue it at the front."""
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.reset_for_recompute()
+        self.waiting.append(victim)
+        self.preemptions[(victim.priority, reason)] += 1
+
+    # -- results -------------------------------------------------------------------
+    def update(self, plan: Plan, sampled: Mapping[int, int]) -> list[Sequence]:
+        """Apply a step's results (``sampled``: seq uid -> token); return sequences that finished."""
+        finished = []
+        now = self._clock()
+        for item in plan.items:
+            seq = item.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.num_computed += item.num_tokens
+            self.kv.commit(seq)
+            if not item.sample or seq.uid not in sampled:
+                continue
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = self._append_token(seq, sampled[seq.uid])
+            if reason is not None:
+                self.running.remove(seq)
+                self.kv.free(seq)
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def fail(self, seq: Sequence) -> None:
+        """End one sequence with an error (the caller reports it); others are untouched."""
+        self.abort(seq, FinishReason.ERROR)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = self._clock()
+
+
+class _StepBuilder:
+    """Accumulates one step's plan: budget, scheduled items and preemptions."""
+
+    def __init__(self, sched: Scheduler, now: float) -> None:
+        self.s = sched
+        self.now = now
+        self.budget = sched.token_budget
+        self.items: dict[int, ScheduledSeq] = {}
+        self.preempted: list[Sequence] = []
+
+    def _add(self, seq: Sequence, n: int) -> None:
+        self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens)
+        self.budget -= n
+
+    def _preempt(self, victim: Sequence, reason: str) -> None:
+        item = self.items.pop(victim.uid, None)
+        if item is not None:
+            self.budget += item.num_tokens
+        self.s.preempt(victim, reason)
+        self.preempted.append(victim)
+
+    def run(self, seq: Sequence) -> None:
+        """Schedule a running sequence's next chunk, preempting others if KV is short."""
+        if seq.status is not SeqStatus.RUNNING or seq.uid in self.items:
+            return
+        n = min(seq.num_uncomputed, self.budget)
+        if n <= 0:
+            return
+        while not self.s.kv.append_slots(seq, n):
+            victim = self.s.policy.pick_victim(seq, self.s.running, self.now)
+            if victim is None:
+                self._preempt(seq, "kv_memory")  # nobody may give way: this one waits
+                return
+            self._preempt(victim, "kv_memory")
+            n = min(seq.num_uncomputed, self.budget)
+        self._add(seq, n)
+
+    def admit(self, seq: Sequence) -> bool:
+        """Try to start a waiting sequence; False stops admission for this step."""
+        s = self.s
+        if self.budget <= 0:
+            return False
+        if len(s.running) >= s.max_running:
+            victim = s.policy.pick_victim(seq, s.running, self.now)
+            if victim is None:
+                return False
+            self._preempt(victim, "priority")
+        while True:
+            hits = s.kv.match_prefix(seq)
+            n = min(seq.num_tokens - len(hits) * s.kv.block_size, self.budget)
+            if s.kv.allocate(seq, hits, n):
+                break
+            victim = s.policy.pick_victim(seq, s.running, self.now)
+            if victim is None:
+                return False
+            self._preempt(victim, "kv_memory")
+        s.waiting.remove(seq)
+        s.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        if seq.first_scheduled is None:
+            seq.first_scheduled = self.now
+        self._add(seq, n)
+        return True

@@ -1,0 +1,137 @@
+"""Assembles the service: model, engine, gRPC server, health and reflection.
+
+Start-up order (health stays NOT_SERVING until the last step)::
+
+    listen -> load model -> build engine -> warm-up decode -> SERVING
+
+Shutdown (``drain``): NOT_SERVING -> refuse new requests (UNAVAILABLE) -> let
+in-flight requests finish within the grace period -> cancel the rest -> stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from service.chat import ChatTemplate
+from service.config import ServerConfig
+from service.continuous_batcher import Engine, EngineConfig
+from service.grammar_service import GrammarService
+from service.metrics import EngineMetrics
+from service.paged_kv import KVBlockManager
+from service.priority import make_policy
+from service.requests import PromptLimits, RequestBuilder
+from service.runner import ModelRunner
+from service.servicer import InferenceServicer
+from service.telemetry import Telemetry
+
+log = logging.getLogger("service.server")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None) -> Engine:
+    """Load the model and build the engine (not started)."""
+    runner = ModelRunner(
+        config.model, n_ctx=config.ctx, n_batch=config.step_tokens, n_lanes=config.kv_lanes,
+        n_threads=config.threads,
+    )
+    kv = KVBlockManager(runner.n_ctx // config.block_size, config.block_size, config.kv_lanes,
+                        prefix_cache=config.prefix_cache)
+    engine_config = EngineConfig(
+        max_running=config.max_running, token_budget=config.step_tokens,
+        queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
+    )
+    return Engine(runner, kv, make_policy(config.scheduling, config.aging_s), engine_config, metrics)
+
+
+class InferenceServer:
+    """One gRPC server with one engine; ``start``/``drain``/``stop`` from the event loop."""
+
+    def __init__(self, config: ServerConfig, telemetry: Telemetry | None = None) -> None:
+        self.config = config
+        self.telemetry = telemetry or Telemetry()
+        self.health = HealthServicer()
+        self.servicer = InferenceServicer(self.telemetry)
+        self.engine: Engine | None = None
+        self.grammar: GrammarService | None = None
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        """Listen, load, warm up, then report SERVING; returns the bound port."""
+        await self._set_health(NOT_SERVING)
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_InferenceServiceServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self.server,
+        )
+        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        await self.server.start()
+        log.info("listening on %s:%d; loading %s", self.config.host, self.port, self.config.model)
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        engine, builder, grammar = await loop.run_in_executor(None, self._load)
+        engine.start(loop)
+        self.engine, self.grammar = engine, grammar
+        self.servicer.attach(engine, builder, grammar)
+        await self._set_health(SERVING)
+        log.info("SERVING after %.1f s (KV pool %d tokens in %d blocks)", time.monotonic() - t0,
+                 engine.kv.capacity_tokens, engine.kv.num_blocks)
+        return self.port
+
+    def _load(self) -> tuple[Engine, RequestBuilder, GrammarService]:
+        engine = build_engine(self.config)
+        vocab = engine.runner.vocab
+        grammar = GrammarService(
+            vocab, engine.metrics, max_source_bytes=self.config.max_schema_bytes,
+            timeout_s=self.config.grammar_timeout_s,
+        )
+        engine.mask_batch = grammar.mask_batch(vocab.n_vocab, self.config.max_running)
+        template = ChatTemplate(vocab.chat_template, vocab.bos_text, vocab.eos_text)
+        if not template.from_model:
+            log.warning("model has no chat template; using ChatML for messages")
+        limit = min(engine.kv.capacity_tokens, engine.runner.n_ctx_train)
+        builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit))
+        engine.warm_up()
+        return engine, builder, grammar
+
+    async def _set_health(self, status: Any) -> None:
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
+
+    async def drain(self, grace_s: float) -> None:
+        """Graceful shutdown: stop accepting, give in-flight work ``grace_s``, cancel the rest."""
+        await self._set_health(NOT_SERVING)
+        if self.engine is None:
+            return
+        self.engine.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.engine.scheduler.has_work() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.engine.cancel_all("server shutting down: grace period over")
+        await asyncio.sleep(0.2)  # let the cancellation events reach their streams
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        if self.engine is not None and grace_s > 0:
+            await self.drain(grace_s)
+        if self.server is not None:
+            await self.server.stop(1.0)
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine.runner.close()
+        if self.grammar is not None:
+            self.grammar.close()
+        self.telemetry.shutdown()
