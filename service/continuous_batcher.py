@@ -31,6 +31,7 @@ from service.runner import ModelRunner
 from service.sampling import sample_rows
 from service.scheduler import Plan, Scheduler
 from service.sequence import FinishReason, Priority, Sequence
+from service.telemetry import Telemetry
 
 log = logging.getLogger("service.engine")
 
@@ -67,12 +68,14 @@ class Engine:
         config: EngineConfig,
         metrics: EngineMetrics | None = None,
         mask_batch: Any = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.runner = runner
         self.kv = kv
         self.config = config
         self.metrics = metrics or EngineMetrics()
         self.mask_batch = mask_batch  # json_grammar.MaskBatch for constrained rows, or None
+        self.telemetry = telemetry or Telemetry()
         self.eog_ids = runner.vocab.eog_ids
         self.scheduler = Scheduler(
             kv, policy, max_running=config.max_running, token_budget=config.token_budget,
@@ -88,6 +91,7 @@ class Engine:
         self.draining = False
         self._cancel_message = "cancelled"
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
+        self.logits_hook: Callable[[list[Sequence], np.ndarray], None] | None = None  # tests: sees logits
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -195,8 +199,7 @@ class Engine:
             if not plan.expired:
                 time.sleep(0.001)
             return
-        for item in plan.items:
-            self._left_queue(item.seq)
+        self._note_plan(plan)
         self.runner.apply_kv_ops(plan.kv_ops)
         logits, sampling = self._forward(plan)
         sampled = self._sample(sampling, logits)
@@ -204,6 +207,14 @@ class Engine:
         self._emit(plan, sampled, finished, events)
         if self.step_hook is not None:
             self.step_hook(self)
+
+    def _note_plan(self, plan: Plan) -> None:
+        for item in plan.items:
+            if item.seq.uid in self._queued_uids:
+                self._left_queue(item.seq)
+                self.telemetry.on_scheduled(item.seq)
+        for seq in plan.preempted:
+            self.telemetry.on_preempted(seq, "preempted")
 
     def _forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence]]:
         toks: list[int] = []
@@ -229,7 +240,13 @@ class Engine:
         if constrained and self.mask_batch is not None:
             us = self.mask_batch.fill_and_apply([seqs[i].matcher for i in constrained], logits, constrained)
             self.metrics.on_mask(us, len(constrained), 0)
+        if self.logits_hook is not None:
+            self.logits_hook(seqs, logits)
         tokens = sample_rows(logits, [s.params for s in seqs], [s.rng for s in seqs])  # type: ignore[misc]
+        if self.telemetry.enabled:
+            for s in seqs:
+                if s.first_token_time is None:
+                    self.telemetry.on_first_token(s)
         return {s.uid: int(t) for s, t in zip(seqs, tokens, strict=True)}
 
     # -- per-token bookkeeping (called by Scheduler.update) -------------------------------

@@ -216,30 +216,42 @@ class AsyncGenerateStream:
         self._shutdown()
 
 
+class _Finish:
+    done: Done | None = None
+
+
+async def _single(stream: AsyncGenerateStream, finish: _Finish) -> AsyncGenerator[Event, None]:
+    events = stream.__aiter__()
+    try:
+        async for _, event in events:
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if isinstance(event, Done):
+                finish.done = event
+            yield event
+    finally:
+        await events.aclose()
+
+
 class AsyncGeneration:
     """One request on its own stream: ``async for event in generation`` (``Delta``..., ``Done``).
 
     An ``error`` event raises :class:`InferenceError`; ``await cancel()`` ends
-    the request with ``Done(finish_reason="cancelled")``.
+    the request with ``Done(finish_reason="cancelled")``. To stop early,
+    ``await aclose()`` (or ``async with``); an abandoned one is cancelled when
+    garbage-collected.
     """
 
     def __init__(self, stream: AsyncGenerateStream, request_id: str) -> None:
         self.request_id = request_id
-        self.done: Done | None = None
         self._stream = stream
-        self._events = self._run()
+        self._finish = _Finish()
+        self._events = _single(stream, self._finish)  # no reference to self: see stream.Generation
 
-    async def _run(self) -> AsyncGenerator[Event, None]:
-        events = self._stream.__aiter__()
-        try:
-            async for _, event in events:
-                if isinstance(event, ErrorEvent):
-                    raise event.error
-                if isinstance(event, Done):
-                    self.done = event
-                yield event
-        finally:
-            await events.aclose()
+    @property
+    def done(self) -> Done | None:
+        """The final event, once the request completed."""
+        return self._finish.done
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self

@@ -112,8 +112,8 @@ def _read_schema(path: str) -> str:
 def summary_line(done: Done) -> str:
     """One line of usage and timing for stderr."""
     u, t = done.usage, done.timing
-    decode_ms = t.total_ms - t.ttft_ms
-    rate = (u.completion_tokens - 1) / (decode_ms / 1000.0) if u.completion_tokens > 1 and decode_ms > 0 else 0
+    decode_s = (t.total_ms - t.ttft_ms) / 1000.0
+    rate = (u.completion_tokens - 1) / decode_s if u.completion_tokens > 1 and decode_s > 0 else 0.0
     return (
         f"[finish={done.finish_reason} prompt={u.prompt_tokens} cached={u.cached_tokens} "
         f"completion={u.completion_tokens} queue={t.queue_ms:.1f}ms ttft={t.ttft_ms:.1f}ms "

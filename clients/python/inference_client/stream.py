@@ -261,31 +261,47 @@ class GenerateStream:
         self._shutdown()
 
 
+class _Finish:
+    """Where a single-request iteration records its ``Done`` (kept apart to avoid a reference cycle)."""
+
+    done: Done | None = None
+
+
+def _single(stream: GenerateStream, finish: _Finish) -> Generator[Event, None, None]:
+    events = stream.__iter__()
+    try:
+        for _, event in events:
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if isinstance(event, Done):
+                finish.done = event
+            yield event
+    finally:
+        events.close()
+
+
 class Generation:
     """One request on its own stream: an iterator of ``Delta`` events then a ``Done``.
 
     An ``error`` event raises :class:`InferenceError`. :meth:`cancel` (from
     any thread, or inside the loop) makes the request end with
-    ``Done(finish_reason="cancelled")``. Breaking out of the loop cancels too.
+    ``Done(finish_reason="cancelled")``. To stop early, ``close()`` it (or use
+    ``with``); an abandoned Generation cancels its RPC when garbage-collected,
+    which for a temporary (``for e in client.generate(...): break``) is at once.
     """
 
     def __init__(self, stream: GenerateStream, request_id: str) -> None:
         self.request_id = request_id
-        self.done: Done | None = None
         self._stream = stream
-        self._events = self._run()
+        self._finish = _Finish()
+        # NOTE: the generator must not reference ``self``: without a cycle, dropping the
+        # Generation finalizes the generator immediately, which cancels the RPC.
+        self._events = _single(stream, self._finish)
 
-    def _run(self) -> Generator[Event, None, None]:
-        events = self._stream.__iter__()
-        try:
-            for _, event in events:
-                if isinstance(event, ErrorEvent):
-                    raise event.error
-                if isinstance(event, Done):
-                    self.done = event
-                yield event
-        finally:
-            events.close()
+    @property
+    def done(self) -> Done | None:
+        """The final event, once the request completed."""
+        return self._finish.done
 
     def __iter__(self) -> Iterator[Event]:
         return self

@@ -1,0 +1,185 @@
+"""JSON Schema preparation for llguidance: meta-validation and safe approximations.
+
+llguidance compiles a large subset of JSON Schema exactly and refuses the rest
+(``not``, ``if/then/else``, ``uniqueItems``, unknown ``format`` values, ...).
+``relax`` turns one such refusal into a *superset* schema: it only removes
+assertions, so every document valid under the original schema is still
+accepted by the grammar, and the final ``jsonschema`` validation of the
+generated document (``json_grammar.validate_document``) restores exactness.
+
+NOTE: llguidance's own ``lenient`` option does the same in one pass but has
+bugs in 1.9.1 (``minProperties: 1`` on an object with optional properties
+compiles to a grammar that accepts no object at all), and it does not say
+exactly what it dropped; doing it here keeps every approximation explicit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import referencing
+
+# Keywords whose removal can only widen the set of valid documents (pure
+# assertions, or applicators that only ever restrict, such as ``not``).
+DROPPABLE = frozenset({
+    "not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
+    "contains", "minContains", "maxContains", "uniqueItems", "propertyNames",
+    "unevaluatedProperties", "unevaluatedItems", "additionalItems", "minProperties", "maxProperties",
+})
+# Values that are data, not subschemas: never walked.
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples", "example", "required"})
+# Maps from names (not keywords) to subschemas (or, for the dependency keywords, lists of names).
+_NAME_MAPS = frozenset({
+    "properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies",
+    "dependentRequired",
+})
+
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: ([^\n]*?)(?: \(\d+ times\))?$", re.M)
+_OVERLAP = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
+
+
+class SchemaProblem(Exception):
+    """The schema is not valid JSON or not a valid JSON Schema (always INVALID_ARGUMENT)."""
+
+
+def parse_schema(source: str) -> tuple[dict[str, Any], type[jsonschema.protocols.Validator]]:
+    """Parse and meta-validate ``source``; returns the schema and its draft's validator class.
+
+    Raises ``SchemaProblem`` with a message naming what is wrong.
+    """
+    try:
+        schema = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise SchemaProblem(f"json_schema is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise SchemaProblem("json_schema is nested too deeply") from exc
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise SchemaProblem("a JSON Schema must be a JSON object (or `true`)")
+    with warnings.catch_warnings():  # unknown "$schema" URIs fall back to draft 2020-12
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise SchemaProblem(f"invalid JSON Schema at {where}: {exc.message}") from exc
+    except RecursionError as exc:
+        raise SchemaProblem("json_schema is nested too deeply") from exc
+    return schema, cls
+
+
+def make_validator(schema: dict[str, Any], cls: type[Any]) -> Any:
+    """A validator that checks known formats and never fetches remote ``$ref``s.
+
+    NOTE: jsonschema's default registry still retrieves remote references over
+    HTTP (deprecated, with a warning); an empty Registry turns that off (SSRF).
+    """
+    return cls(schema, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry())
+
+
+def _walk(node: Any, visit: Callable[[dict[str, Any]], None]) -> None:
+    """Call ``visit`` on every subschema (dict in a schema position) under ``node``."""
+    if isinstance(node, list):
+        for item in node:
+            _walk(item, visit)
+        return
+    if not isinstance(node, dict):
+        return
+    visit(node)
+    for key, value in list(node.items()):
+        if key in _DATA_KEYS:
+            continue
+        if key in _NAME_MAPS:
+            if isinstance(value, dict):
+                for sub in value.values():  # the keys are names, not keywords
+                    _walk(sub, visit)
+        else:
+            _walk(value, visit)
+
+
+def _drop(schema: dict[str, Any], pred: Callable[[dict[str, Any], str], bool]) -> bool:
+    """Delete every keyword ``k`` of every subschema ``s`` with ``pred(s, k)``; True if any was."""
+    changed = False
+
+    def visit(s: dict[str, Any]) -> None:
+        nonlocal changed
+        for k in [k for k in s if pred(s, k)]:
+            del s[k]
+            changed = True
+
+    _walk(schema, visit)
+    return changed
+
+
+def _lark_regex(pattern: str) -> str:
+    return "/" + pattern.replace("/", "\\/") + "/"
+
+
+def relax(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
+    """Approximate ``schema`` in place so that llguidance's ``error`` goes away.
+
+    Returns ``(label, feature)``: a label for ``approximations`` (an empty
+    label means "apply coerce_one_of") and the feature name. Returns None when
+    no safe approximation exists or nothing could be changed.
+    """
+    if "oneOf constraints are not supported" in error:
+        return "", "oneOf"
+    if m := _UNIMPLEMENTED.search(error):
+        keys = json.loads(m.group(1))
+        bad = [k for k in keys if k not in DROPPABLE]
+        if bad or not _drop(schema, lambda s, k: k in keys):
+            return None
+        return "ignored: " + ", ".join(keys), ", ".join(keys)
+    if m := _UNKNOWN_FORMAT.search(error):
+        fmt = m.group(1)
+        if _drop(schema, lambda s, k: k == "format" and s[k] == fmt):
+            return f"format:{fmt} ignored", f"format {fmt!r}"
+        return None
+    if "min/maxProperties only supported" in error:
+        if _drop(schema, lambda s, k: k in ("minProperties", "maxProperties")):
+            return "ignored: minProperties/maxProperties", "minProperties/maxProperties"
+        return None
+    if m := _OVERLAP.search(error):
+        pair = {m.group(1), m.group(2)}
+
+        def overlapping(s: dict[str, Any], k: str) -> bool:
+            pp = s.get("patternProperties")
+            return k in ("patternProperties", "additionalProperties") and isinstance(pp, dict) and pair <= set(pp)
+
+        if _drop(schema, overlapping):
+            return "ignored: overlapping patternProperties", "overlapping patternProperties"
+        return None
+    return _relax_pattern(schema, error)
+
+
+def _relax_pattern(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
+    """Drop the ``pattern``s named in a regex error (lookarounds, backreferences, intersections)."""
+    if "regex" not in error:
+        return None
+
+    def named(s: dict[str, Any], k: str) -> bool:
+        return k == "pattern" and isinstance(s[k], str) and _lark_regex(s[k]) in error
+
+    if _drop(schema, named):
+        return "ignored: pattern unsupported by the grammar engine", "pattern"
+    return None
+
+
+def prepare(schema: dict[str, Any]) -> dict[str, Any]:
+    """A private copy of ``schema`` for llguidance, without a client ``x-guidance`` key.
+
+    NOTE: the service fixes the JSON layout (compact) and the approximation
+    policy itself; a client's top-level ``x-guidance`` must not override them.
+    """
+    work = copy.deepcopy(schema)
+    work.pop("x-guidance", None)
+    return work

@@ -1,0 +1,328 @@
+"""Structured output on llguidance: compile constraints, match tokens, mask logits, validate.
+
+Four constraint kinds: ``json_schema`` (compact JSON; unsupported schema
+features approximated by ``grammar_schema.relax`` and restored by the final
+``validate_document``), ``regex``, ``lark`` (llguidance's Lark dialect) and
+``gbnf`` (llama.cpp GBNF, converted to Lark with llguidance's
+``gbnf_to_lark``; llama.cpp's own grammar sampler is never used).
+
+Threads: ``GrammarCompiler.compile`` is called from worker threads;
+``GrammarMatcher`` and ``MaskBatch`` belong to the engine thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance as llg
+import numpy as np
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from service import grammar_schema as gs
+
+KINDS = ("json_schema", "regex", "lark", "gbnf")
+MAX_RELAX_PASSES = 12
+# Compact JSON, fixed by the service (a client's "x-guidance" is removed).
+JSON_OPTIONS: dict[str, Any] = {"item_separator": ",", "key_separator": ":", "whitespace_flexible": False}
+_LIMIT_WORDS = ("too big", "limit for this grammar", "too many", "fuel", "too complex")
+
+
+class GrammarError(Exception):
+    """A bad schema/grammar, or a grammar violation.
+
+    ``status`` is a gRPC status name: "INVALID_ARGUMENT" (bad or unsupported
+    input, naming the feature), "RESOURCE_EXHAUSTED" (a size/time/complexity
+    limit) or "INTERNAL" (a token the mask should have excluded, or a final
+    document that fails validation). ``str(e)`` says what was wrong.
+    """
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _status_of(message: str) -> str:
+    return "RESOURCE_EXHAUSTED" if any(w in message for w in _LIMIT_WORDS) else "INVALID_ARGUMENT"
+
+
+def _short(message: str, limit: int = 400) -> str:
+    message = message.strip()
+    return message if len(message) <= limit else message[:limit] + "..."
+
+
+def default_limits() -> llg.LLParserLimits:
+    """llguidance parser limits: bounded compile work, per-token work and memory.
+
+    NOTE: step limits bound every mask computation (~15 ms worst case at the
+    quoted ~14k fuel/ms); a grammar that hits one stops (fail-closed) rather
+    than stalling the engine step. ``verbose_errors`` is off so error messages
+    returned to clients do not dump parser state.
+    """
+    return llg.LLParserLimits(
+        max_items_in_row=2_000,
+        initial_lexer_fuel=1_000_000,  # ~20 ms of regex construction at compile time
+        step_lexer_fuel=200_000,
+        step_max_items=50_000,
+        max_lexer_states=50_000,  # ~100 MB worst case (1-2 kB per state)
+        max_grammar_size=200_000,
+        verbose_errors=False,
+    )
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """An immutable compiled constraint, shared by every sequence that uses it."""
+
+    kind: str  # "json_schema" | "regex" | "lark" | "gbnf"
+    grammar: str  # llguidance grammar (JSON text) the matcher consumes
+    schema: dict[str, Any] | None  # the client's JSON Schema (json_schema kind), for final validation
+    approximations: tuple[str, ...]  # features compiled approximately, e.g. "oneOf->anyOf"
+    _proto: Any = field(default=None, repr=False, compare=False)  # fresh LLMatcher, deep-copied per sequence
+    _validator: Any = field(default=None, repr=False, compare=False)  # jsonschema validator
+
+
+class GrammarMatcher:
+    """Per-sequence grammar state (engine thread only)."""
+
+    __slots__ = ("_m",)
+
+    def __init__(self, matcher: llg.LLMatcher) -> None:
+        self._m = matcher
+
+    def consume(self, token: int) -> None:
+        """Advance by ``token``; raises GrammarError if the grammar does not allow it."""
+        if not self._m.consume_token(token) or self._m.is_error():
+            err = self._m.get_error()
+            status = "RESOURCE_EXHAUSTED" if _status_of(err) == "RESOURCE_EXHAUSTED" else "INTERNAL"
+            raise GrammarError(status, f"token {token} not allowed by the grammar: {_short(err, 200)}")
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar forces next (not consumed); [] if none or if the matcher is stopped."""
+        if self._m.is_stopped():
+            return []
+        return list(self._m.compute_ff_tokens())
+
+    def is_stopped(self) -> bool:
+        """Nothing more may be generated (the grammar is complete, or the matcher failed)."""
+        return bool(self._m.is_stopped())
+
+    def is_accepting(self) -> bool:
+        """The output so far is a complete match (EOS would be allowed)."""
+        return bool(self._m.is_accepting())
+
+    def error(self) -> str | None:
+        """Why the matcher failed (e.g. a parser limit hit during a mask), or None."""
+        return _short(self._m.get_error()) if self._m.is_error() else None
+
+
+class GrammarCompiler:
+    """Compiles constraints with bounded size and time, caching results by (kind, sha256(source))."""
+
+    def __init__(
+        self,
+        ll_tokenizer: llg.LLTokenizer,
+        *,
+        max_source_bytes: int = 64_000,
+        compile_timeout_s: float = 5.0,
+        cache_size: int = 256,
+        limits: llg.LLParserLimits | None = None,
+        workers: int = 2,
+    ) -> None:
+        self._tok = ll_tokenizer
+        self.max_source_bytes = max_source_bytes
+        self.compile_timeout_s = compile_timeout_s
+        self.cache_size = cache_size
+        self._limits = limits or default_limits()
+        self._lock = threading.Lock()
+        # NOTE: the cache holds futures, so concurrent requests for one source compile once;
+        # failures are cached too (a bad schema is rejected fast when retried).
+        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
+
+    def compile(self, kind: str, source: str) -> tuple[CompiledGrammar, bool, float]:
+        """(compiled, cache_hit, compile_ms). Thread-safe. Raises GrammarError."""
+        t0 = time.perf_counter()
+        if kind not in KINDS:
+            raise GrammarError("INVALID_ARGUMENT", f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
+        data = source.encode("utf-8", "surrogatepass")
+        if len(data) > self.max_source_bytes:
+            raise GrammarError(
+                "RESOURCE_EXHAUSTED", f"{kind} is {len(data)} bytes; the limit is {self.max_source_bytes}"
+            )
+        key = (kind, hashlib.sha256(data).hexdigest())
+        with self._lock:
+            fut = self._cache.get(key)
+            hit = fut is not None
+            if fut is None:
+                fut = self._cache[key] = self._pool.submit(self._build, kind, source)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+        try:
+            compiled = fut.result(timeout=self.compile_timeout_s)
+        except FutureTimeout:
+            exc = GrammarError("RESOURCE_EXHAUSTED", f"{kind} compilation exceeded {self.compile_timeout_s:g} s")
+            self._fail(key, fut, exc)
+            raise exc from None
+        return compiled, hit, (time.perf_counter() - t0) * 1000.0
+
+    def _fail(self, key: tuple[str, str], fut: Future[CompiledGrammar], exc: GrammarError) -> None:
+        """Cache ``exc`` for ``key`` (the abandoned compile finishes within the parser limits)."""
+        failed: Future[CompiledGrammar] = Future()
+        failed.set_exception(exc)
+        with self._lock:
+            if self._cache.get(key) is fut:
+                self._cache[key] = failed
+
+    def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
+        """A fresh matcher for one sequence (a cheap copy of the compiled prototype)."""
+        return GrammarMatcher(compiled._proto.deep_copy())
+
+    def close(self) -> None:
+        """Stop the compile workers (pending compiles are cancelled)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- building (in a compile worker) ---------------------------------------------------------
+    def _build(self, kind: str, source: str) -> CompiledGrammar:
+        try:
+            if kind == "json_schema":
+                return self._build_json(source)
+            if kind == "regex":
+                grammar = llg.LLMatcher.grammar_from_regex(source)
+            else:
+                grammar = llg.LLMatcher.grammar_from_lark(source if kind == "lark" else _gbnf(source))
+            proto = self._new_matcher(grammar)
+            if proto.is_error():
+                msg = proto.get_error()
+                raise GrammarError(_status_of(msg), f"{kind} grammar error: {_short(msg)}")
+            return CompiledGrammar(kind, grammar, None, (), proto)
+        except GrammarError:
+            raise
+        except RecursionError as exc:
+            raise GrammarError("INVALID_ARGUMENT", f"{kind} is nested too deeply") from exc
+        except Exception as exc:  # llguidance raises ValueError etc. for malformed input
+            raise GrammarError("INVALID_ARGUMENT", f"{kind} error: {_short(str(exc))}") from exc
+
+    def _new_matcher(self, grammar: str) -> llg.LLMatcher:
+        return llg.LLMatcher(self._tok, grammar, log_level=0, limits=self._limits)
+
+    def _build_json(self, source: str) -> CompiledGrammar:
+        """Meta-validate, then compile, relaxing one unsupported feature per pass."""
+        try:
+            schema, cls = gs.parse_schema(source)
+        except gs.SchemaProblem as exc:
+            raise GrammarError("INVALID_ARGUMENT", str(exc)) from exc
+        work, approx, options = gs.prepare(schema), [], dict(JSON_OPTIONS, coerce_one_of=False)
+        for _ in range(MAX_RELAX_PASSES):
+            grammar = llg.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
+            proto = self._new_matcher(grammar)
+            if not proto.is_error():
+                return CompiledGrammar("json_schema", grammar, schema, tuple(approx), proto,
+                                       gs.make_validator(schema, cls))
+            msg = proto.get_error()
+            if _status_of(msg) == "RESOURCE_EXHAUSTED":
+                raise GrammarError("RESOURCE_EXHAUSTED", f"JSON Schema too complex: {_short(msg)}")
+            fix = gs.relax(work, msg)
+            if fix is None or (fix[0] == "" and options["coerce_one_of"]):
+                raise GrammarError("INVALID_ARGUMENT", f"unsupported JSON Schema feature: {_short(msg)}")
+            if fix[0] == "":
+                options["coerce_one_of"] = True
+            approx.append(fix[0] or "oneOf->anyOf")
+        raise GrammarError("INVALID_ARGUMENT", f"JSON Schema needs too many approximations: {', '.join(approx)}")
+
+
+def _gbnf(source: str) -> str:
+    try:
+        return gbnf_to_lark(source)
+    except Exception as exc:  # GbnfToLarkError and parser failures on malformed input
+        raise GrammarError("INVALID_ARGUMENT", f"GBNF syntax error: {_short(str(exc))}") from exc
+
+
+class MaskBatch:
+    """Per-step mask filling for the constrained rows of one decode step (engine thread only)."""
+
+    def __init__(self, ll_tokenizer: llg.LLTokenizer, n_vocab: int, max_rows: int, *,
+                 threads: int | None = None) -> None:
+        self.n_vocab = n_vocab
+        self.tok_vocab = min(int(ll_tokenizer.vocab_size), n_vocab)
+        self._words = (int(ll_tokenizer.vocab_size) + 31) // 32
+        self._exec = llg.LLExecutor(threads)
+        self._alloc(max(1, max_rows))
+
+    def _alloc(self, rows: int) -> None:
+        # NOTE: llguidance writes native-endian u32 words; '<i4' + little bit order below assume a
+        # little-endian host (x86-64, aarch64).
+        self._mask = np.zeros((rows, self._words), dtype="<i4")
+
+    def fill_and_apply(self, matchers: list[GrammarMatcher], logits: np.ndarray, rows: list[int]) -> float:
+        """Set ``logits[rows[i], t] = -inf`` for every token ``t`` that ``matchers[i]`` disallows.
+
+        Masks are computed in parallel outside the GIL by llguidance's LLExecutor;
+        columns beyond the tokenizer's vocabulary are always disallowed. The buffer
+        grows if more rows than ``max_rows`` arrive. Returns the mean microseconds
+        per row spent computing masks.
+        """
+        n = len(matchers)
+        if n == 0:
+            return 0.0
+        if n > self._mask.shape[0]:
+            self._alloc(n)
+        t0 = time.perf_counter()
+        self._exec.unsafe_compute_mask_ptr(
+            [(m._m, i) for i, m in enumerate(matchers)], self._mask.ctypes.data, self._words * 4,
+            self._mask.shape[0],
+        )
+        us = (time.perf_counter() - t0) * 1e6 / n
+        bits = np.unpackbits(self._mask[:n].view(np.uint8), axis=1, bitorder="little")[:, : self.tok_vocab]
+        banned = bits == 0
+        for i, r in enumerate(rows):
+            row = logits[r]
+            np.copyto(row[: self.tok_vocab], -np.inf, where=banned[i])
+            row[self.tok_vocab :] = -np.inf
+        return us
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def validate_document(compiled: CompiledGrammar, text: str) -> None:
+    """Final check of a generated ``json_schema`` document (no-op for other kinds).
+
+    Parses ``text`` strictly (no duplicate keys, no NaN/Infinity) and validates it
+    with jsonschema against the client's original schema, formats included.
+    Raises GrammarError("INTERNAL", ...) naming the first violation.
+    """
+    if compiled.kind != "json_schema" or compiled._validator is None:
+        return
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise GrammarError("INTERNAL", f"document is not valid JSON: {exc}") from exc
+    try:
+        err = next(iter(compiled._validator.iter_errors(doc)), None)
+    except RecursionError as exc:
+        raise GrammarError("INTERNAL", "document is nested too deeply to validate") from exc
+    if err is not None:
+        where = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        approx = f" (schema compiled with approximations: {', '.join(compiled.approximations)})" \
+            if compiled.approximations else ""
+        raise GrammarError("INTERNAL", f"document fails the schema at {where}: {_short(err.message, 200)}{approx}")

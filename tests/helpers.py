@@ -1,0 +1,83 @@
+"""Small gRPC helpers shared by the model tests."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+
+def req(rid: str, prompt: str = "", max_tokens: int = 16, **sampling: Any) -> pb.GenerateRequest:
+    extra = {k: sampling.pop(k) for k in ("priority", "messages", "response_format") if k in sampling}
+    sampling.setdefault("temperature", 0.0)
+    return pb.GenerateRequest(
+        request_id=rid, prompt=prompt, sampling=pb.SamplingParams(max_tokens=max_tokens, **sampling), **extra
+    )
+
+
+@dataclass
+class Result:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    done: pb.Done | None = None
+    error: pb.Error | None = None
+    deltas: list[pb.Delta] = field(default_factory=list)
+
+
+def collect(responses: Iterator[pb.GenerateResponse]) -> dict[str, Result]:
+    out: dict[str, Result] = {}
+    for r in responses:
+        res = out.setdefault(r.request_id, Result())
+        kind = r.WhichOneof("event")
+        if kind == "delta":
+            res.text += r.delta.text
+            res.token_ids.extend(r.delta.token_ids)
+            res.deltas.append(r.delta)
+        elif kind == "done":
+            res.done = r.done
+        else:
+            res.error = r.error
+    return out
+
+
+def run_stream(channel: grpc.Channel, requests: list[pb.GenerateRequest], **kw: Any) -> dict[str, Result]:
+    """Send all requests on one stream, close it, and collect every event."""
+    stub = pb_grpc.InferenceServiceStub(channel)
+    return collect(stub.Generate(iter(requests), **kw))
+
+
+class OpenStream:
+    """A Generate stream whose requests are sent on demand (for cancel tests)."""
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = None) -> None:
+        self._q: queue.Queue[pb.GenerateRequest | None] = queue.Queue()
+        self.call = pb_grpc.InferenceServiceStub(channel).Generate(iter(self._q.get, None), timeout=timeout)
+        self.events: queue.Queue[pb.GenerateResponse] = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        try:
+            for r in self.call:
+                self.events.put(r)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def send(self, request: pb.GenerateRequest) -> None:
+        self._q.put(request)
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def next_event(self, timeout: float = 60) -> pb.GenerateResponse:
+        return self.events.get(timeout=timeout)
+
+    def join(self, timeout: float = 60) -> None:
+        self._thread.join(timeout)

@@ -1,0 +1,483 @@
+"""Python client library: against the real server (``server`` fixture, real model) and, for
+the retry logic, against tiny stub gRPC servers started here that fail on purpose.
+
+The stubs stand in for a flaky or overloaded *server*, never for the engine: every
+generation test runs on the real model.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from inference_client import (
+    NO_RETRY,
+    AsyncInferenceClient,
+    Delta,
+    Done,
+    ErrorEvent,
+    InferenceClient,
+    InferenceError,
+    RequestSpec,
+    RetryPolicy,
+    channel_options,
+    format_metrics,
+    retry_service_config,
+)
+
+LONG = dict(max_tokens=200, ignore_eos=True)
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture()
+def client(server: Any) -> Iterator[InferenceClient]:
+    with InferenceClient(server.target, timeout=120) as c:
+        yield c
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def tier(metrics: pb.GetMetricsResponse, priority: int) -> pb.TierMetrics:
+    return next(t for t in metrics.tiers if t.priority == priority)
+
+
+# -- generation on the real server ---------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_generate_streams_deltas_then_done(client: InferenceClient) -> None:
+    events = list(client.generate("Once upon a time", max_tokens=8, temperature=0, ignore_eos=True))
+    deltas, done = events[:-1], events[-1]
+    assert deltas and all(isinstance(e, Delta) for e in deltas)
+    assert isinstance(done, Done)
+    assert done.finish_reason == "length"
+    assert done.usage.completion_tokens == 8 == sum(len(d.token_ids) for d in deltas)
+    assert done.usage.prompt_tokens > 0
+    assert 0 <= done.timing.ttft_ms <= done.timing.total_ms
+    assert "".join(d.text for d in deltas).strip()
+
+
+@pytest.mark.model
+def test_generate_is_reproducible_with_seed_and_accepts_chat(client: InferenceClient) -> None:
+    kwargs: dict[str, Any] = dict(max_tokens=12, temperature=0.9, seed=1234)
+    assert (
+        client.generate("The weather today", **kwargs).text()
+        == client.generate("The weather today", **kwargs).text()
+    )
+    gen = client.generate(messages=[{"role": "user", "content": "Say hi"}], max_tokens=6, priority="batch")
+    result = gen.result()
+    assert result.ok and result.done is not None and result.done.usage.completion_tokens <= 6
+
+
+@pytest.mark.model
+def test_invalid_argument_raises_and_is_not_retried(client: InferenceClient) -> None:
+    with pytest.raises(InferenceError) as info:
+        list(client.generate(""))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.status == "INVALID_ARGUMENT"
+    assert info.value.attempts == 1
+    with pytest.raises(InferenceError) as info:
+        list(client.generate("hi", max_tokens=0))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.model
+def test_generate_many_multiplexes_on_one_stream(server: Any) -> None:
+    counter = _CallCounter()
+    channel = grpc.intercept_channel(grpc.insecure_channel(server.target), counter)
+    with InferenceClient(channel=channel, timeout=120) as c:
+        stream = c.generate_many(["One", "Two", "Three", "Four"], max_tokens=16, ignore_eos=True)
+        pairs = list(stream)
+    channel.close()
+    assert counter.streams == 1
+    ids = stream.request_ids
+    assert len(set(ids)) == 4
+    dones = [rid for rid, ev in pairs if isinstance(ev, Done)]
+    assert sorted(dones) == sorted(ids)
+    first_done = next(i for i, (_, ev) in enumerate(pairs) if isinstance(ev, Done))
+    assert len({rid for rid, _ in pairs[:first_done]}) >= 2, "events of different requests should interleave"
+    for rid in ids:  # per request: deltas, then exactly one Done, last
+        own = [ev for r, ev in pairs if r == rid]
+        assert isinstance(own[-1], Done) and all(isinstance(e, Delta) for e in own[:-1])
+        assert own[-1].usage.completion_tokens == 16
+
+
+@pytest.mark.model
+def test_generate_many_collects_results_and_isolates_failures(client: InferenceClient) -> None:
+    specs = [
+        RequestSpec(prompt="Count: one, two,", max_tokens=4, temperature=0, ignore_eos=True, request_id="a"),
+        RequestSpec(prompt="", request_id="bad"),
+        RequestSpec(messages=[("user", "Hello")], max_tokens=7, ignore_eos=True, request_id="c"),
+        "A bare prompt",
+    ]
+    results = client.generate_many(specs, max_tokens=3, ignore_eos=True).collect()
+    assert list(results)[:3] == ["a", "bad", "c"]
+    assert results["a"].ok and results["a"].done and results["a"].done.usage.completion_tokens == 4
+    assert results["c"].done and results["c"].done.usage.completion_tokens == 7
+    bare = list(results.values())[3]
+    assert bare.done and bare.done.usage.completion_tokens == 3 and bare.text
+    bad = results["bad"]
+    assert not bad.ok and bad.error is not None and bad.error.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.model
+def test_cancel_through_the_handle(client: InferenceClient) -> None:
+    gen = client.generate("Write a very long story about a dragon.", **LONG)
+    deltas = 0
+    for event in gen:
+        if isinstance(event, Delta):
+            deltas += 1
+            if deltas == 2:
+                assert gen.cancel()
+    assert gen.done is not None and gen.done.finish_reason == "cancelled"
+    assert gen.done.usage.completion_tokens < 200
+    assert not gen.cancel(), "a finished request cannot be cancelled"
+
+
+@pytest.mark.model
+def test_client_cancel_by_request_id_on_a_multiplexed_stream(client: InferenceClient) -> None:
+    assert not client.cancel("no-such-request")
+    stream = client.generate_many(
+        [
+            RequestSpec(prompt="Tell me everything.", request_id="victim", **LONG),
+            RequestSpec(prompt="Count to ten:", request_id="survivor", max_tokens=12, ignore_eos=True),
+        ]
+    )
+    finishes: dict[str, str] = {}
+    for rid, event in stream:
+        if rid == "victim" and isinstance(event, Delta) and "victim" not in finishes:
+            finishes["victim"] = "requested"
+            assert client.cancel("victim")
+        if isinstance(event, Done):
+            finishes[rid] = event.finish_reason
+    assert finishes == {"victim": "cancelled", "survivor": "length"}
+
+
+@pytest.mark.model
+def test_leaving_the_loop_cancels_the_request(client: InferenceClient) -> None:
+    before = tier(client.metrics(), pb.PRIORITY_INTERACTIVE).requests_cancelled
+    for event in client.generate("An endless poem:", **LONG):
+        assert isinstance(event, Delta)
+        break
+    assert wait_for(lambda: tier(client.metrics(), pb.PRIORITY_INTERACTIVE).requests_cancelled > before), (
+        "the server did not see the cancellation"
+    )
+
+
+@pytest.mark.model
+def test_client_deadline(client: InferenceClient) -> None:
+    start = time.monotonic()
+    with pytest.raises(InferenceError) as info:
+        list(client.generate("A long essay:", max_tokens=2000, ignore_eos=True, timeout=0.5))
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.model
+def test_generate_json(client: InferenceClient) -> None:
+    try:
+        doc = client.generate_json(PERSON, "Describe a person as JSON:", temperature=0, max_tokens=96)
+    except InferenceError as exc:
+        if exc.code == grpc.StatusCode.UNIMPLEMENTED:
+            pytest.skip(f"server has no structured output: {exc.message}")
+        raise
+    assert set(doc) == {"name", "age"}
+    assert isinstance(doc["name"], str) and isinstance(doc["age"], int)
+    with pytest.raises(InferenceError) as info:
+        client.generate_json("{not json", "x")
+    assert info.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+
+
+@pytest.mark.model
+def test_metrics_and_health(client: InferenceClient) -> None:
+    list(client.generate("Hi", max_tokens=2))
+    snapshot = client.metrics()
+    assert snapshot.requests_total >= 1 and snapshot.generated_tokens_total >= 1
+    as_dict = client.metrics_dict()
+    assert as_dict["requests_total"] >= snapshot.requests_total
+    assert {"kv", "tiers", "mean_batch_size", "throughput_tok_s"} <= set(as_dict)
+    table = format_metrics(snapshot)
+    for needle in ("requests", "mean batch size", "kv blocks", "prefix cache", "interactive ttft", "p99"):
+        assert needle in table
+    assert client.health() == "SERVING"
+    assert client.health("inference.v1.InferenceService") == "SERVING"
+    with pytest.raises(InferenceError) as info:
+        client.health("no.such.Service")
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.model
+async def test_async_client(server: Any) -> None:
+    async with AsyncInferenceClient(server.target, timeout=120) as c:
+        events = [e async for e in c.generate("Once upon a time", max_tokens=6, ignore_eos=True)]
+        assert isinstance(events[-1], Done) and events[-1].usage.completion_tokens == 6
+        results = await c.generate_many(["a", "b", ""], max_tokens=4, ignore_eos=True).collect()
+        oks = [r.ok for r in results.values()]
+        assert oks == [True, True, False]
+        gen = c.generate("A long tale:", request_id="async-victim", **LONG)
+        async for event in gen:
+            if isinstance(event, Delta):
+                assert await c.cancel("async-victim")
+                break
+        async for _ in gen:
+            pass
+        assert gen.done is not None and gen.done.finish_reason == "cancelled"
+        with pytest.raises(InferenceError) as info:
+            await c.generate("").text()
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert await c.health() == "SERVING"
+        assert (await c.metrics()).requests_total >= 3
+
+
+@pytest.mark.model
+async def test_async_open_stream_submit_and_cancel(server: Any) -> None:
+    async with AsyncInferenceClient(server.target, timeout=120) as c:
+        stream = c.open_stream()
+        long_id = await stream.submit(RequestSpec(prompt="Go on and on:", **LONG))
+        short_id = await stream.submit(RequestSpec(prompt="Hi", max_tokens=3, ignore_eos=True))
+        await stream.close()
+        finishes = {}
+        async for rid, event in stream:
+            if rid == short_id and isinstance(event, Done):
+                assert await stream.cancel(long_id)
+            if isinstance(event, Done | ErrorEvent):
+                finishes[rid] = event
+        assert finishes[short_id].finish_reason == "length"  # type: ignore[union-attr]
+        assert finishes[long_id].finish_reason == "cancelled"  # type: ignore[union-attr]
+
+
+# -- retries against stub servers ----------------------------------------------------------------
+
+
+class _CallCounter(grpc.StreamStreamClientInterceptor):
+    def __init__(self) -> None:
+        self.streams = 0
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        self.streams += 1
+        return continuation(details, request_iterator)
+
+
+class StubServicer(pb_grpc.InferenceServiceServicer):
+    """Fails the first ``failures`` calls of each method with ``code``; records attempt times."""
+
+    def __init__(
+        self, code: grpc.StatusCode, failures: int, hint_ms: int | None = None, msg: str = ""
+    ) -> None:
+        self.code, self.failures, self.hint_ms, self.msg = code, failures, hint_ms, msg
+        self.times: list[float] = []
+        self.received: list[pb.GenerateRequest] = []
+        self.lock = threading.Lock()
+
+    def _attempt(self, context: grpc.ServicerContext) -> None:
+        with self.lock:
+            self.times.append(time.monotonic())
+            failing = len(self.times) <= self.failures
+        if failing:
+            if self.hint_ms is not None:
+                context.set_trailing_metadata((("retry-after-ms", str(self.hint_ms)),))
+            context.abort(self.code, self.msg or f"stub failure {len(self.times)}")
+
+    def GetMetrics(self, request: Any, context: grpc.ServicerContext) -> pb.GetMetricsResponse:
+        self._attempt(context)
+        return pb.GetMetricsResponse(requests_total=42, model="stub")
+
+    def Generate(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+        self._attempt(context)
+        for req in request_iterator:
+            self.received.append(req)
+            if not req.cancel:
+                yield pb.GenerateResponse(request_id=req.request_id, delta=pb.Delta(text="ok", token_ids=[1]))
+                yield pb.GenerateResponse(request_id=req.request_id, done=pb.Done(finish_reason=1))
+
+
+class QueueFullOnce(pb_grpc.InferenceServiceServicer):
+    """Generate: the first request gets a RESOURCE_EXHAUSTED error event with a hint, retries succeed."""
+
+    def __init__(self, hint_ms: int) -> None:
+        self.hint_ms = hint_ms
+        self.times: list[float] = []
+
+    def Generate(self, request_iterator: Any, context: grpc.ServicerContext) -> Iterator[pb.GenerateResponse]:
+        for req in request_iterator:
+            self.times.append(time.monotonic())
+            rid = req.request_id
+            if len(self.times) == 1:
+                message = f"queue full; retry after {self.hint_ms} ms"
+                err = pb.Error(
+                    code=8, status="RESOURCE_EXHAUSTED", message=message, retry_after_ms=self.hint_ms
+                )
+                yield pb.GenerateResponse(request_id=rid, error=err)
+                continue
+            yield pb.GenerateResponse(request_id=rid, delta=pb.Delta(text="fine", token_ids=[7]))
+            yield pb.GenerateResponse(request_id=rid, done=pb.Done(finish_reason=1))
+
+
+def serve_stub(servicer: Any) -> tuple[grpc.Server, str]:
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_InferenceServiceServicer_to_server(servicer, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    return srv, f"127.0.0.1:{port}"
+
+
+@pytest.fixture()
+def stub() -> Iterator[Callable[[Any], str]]:
+    servers: list[grpc.Server] = []
+
+    def start(servicer: Any) -> str:
+        srv, target = serve_stub(servicer)
+        servers.append(srv)
+        return target
+
+    yield start
+    for srv in servers:
+        srv.stop(0)
+
+
+FAST = RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)
+
+
+def test_unavailable_is_retried_until_success(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.UNAVAILABLE, failures=2)
+    with InferenceClient(stub(servicer), retry=FAST, timeout=10) as c:
+        assert c.metrics().requests_total == 42
+    assert len(servicer.times) == 3
+
+
+def test_resource_exhausted_honours_retry_after_metadata(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.RESOURCE_EXHAUSTED, failures=1, hint_ms=300, msg="queue full")
+    with InferenceClient(stub(servicer), retry=FAST, timeout=10) as c:
+        assert c.metrics().model == "stub"
+    assert len(servicer.times) == 2
+    assert servicer.times[1] - servicer.times[0] >= 0.3, "the retry-after-ms hint was not honoured"
+
+
+def test_resource_exhausted_honours_hint_in_message(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.RESOURCE_EXHAUSTED, failures=1, msg="busy; retry after 250 ms")
+    with InferenceClient(stub(servicer), retry=FAST, timeout=10) as c:
+        c.metrics()
+    assert servicer.times[1] - servicer.times[0] >= 0.25
+
+
+def test_invalid_argument_is_never_retried(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.INVALID_ARGUMENT, failures=5)
+    with InferenceClient(stub(servicer), retry=FAST, timeout=10) as c, pytest.raises(InferenceError) as info:
+        c.metrics()
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and info.value.attempts == 1
+    assert len(servicer.times) == 1
+
+
+def test_retry_budget_is_bounded(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.UNAVAILABLE, failures=100)
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.01)
+    with InferenceClient(stub(servicer), retry=policy) as c, pytest.raises(InferenceError) as info:
+        c.metrics()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE and info.value.attempts == 3
+    assert len(servicer.times) == 3
+
+
+def test_deadline_caps_retry_waits(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.RESOURCE_EXHAUSTED, failures=100, hint_ms=5000)
+    start = time.monotonic()
+    with InferenceClient(stub(servicer), retry=FAST, timeout=1.0) as c, pytest.raises(InferenceError) as info:
+        c.metrics()
+    assert time.monotonic() - start < 1.0, "a wait past the deadline must not be started"
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and info.value.retry_after == 5.0
+
+
+def test_unavailable_on_a_stopped_server() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once the socket is closed
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02)
+    with InferenceClient(f"127.0.0.1:{port}", retry=policy, timeout=10) as c:
+        for call in (c.metrics, c.health, lambda: list(c.generate("hi"))):
+            with pytest.raises(InferenceError) as info:
+                call()
+            assert info.value.code == grpc.StatusCode.UNAVAILABLE
+            assert info.value.attempts == 3
+
+
+def test_stream_is_reestablished_before_any_response(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.UNAVAILABLE, failures=2)
+    with InferenceClient(stub(servicer), retry=FAST, timeout=10) as c:
+        events = list(c.generate("hello", request_id="r1"))
+    assert [type(e) for e in events] == [Delta, Done]
+    assert len(servicer.times) == 3
+    assert [r.request_id for r in servicer.received] == ["r1"], "the request must be replayed exactly once"
+
+
+def test_queue_full_error_event_is_retried_on_the_stream(stub: Callable[[Any], str]) -> None:
+    servicer = QueueFullOnce(hint_ms=200)
+    with InferenceClient(stub(servicer), retry=FAST, timeout=10) as c:
+        assert c.generate("hello").text() == "fine"
+    assert len(servicer.times) == 2 and servicer.times[1] - servicer.times[0] >= 0.2
+    with InferenceClient(stub(QueueFullOnce(hint_ms=10)), retry=NO_RETRY) as c:
+        with pytest.raises(InferenceError) as info:
+            list(c.generate("hello"))
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and info.value.retry_after == 0.01
+
+
+def test_native_grpc_retries_via_service_config(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.UNAVAILABLE, failures=2)
+    config = retry_service_config(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)
+    with InferenceClient(stub(servicer), retry=NO_RETRY, options=channel_options(config), timeout=10) as c:
+        assert c.metrics().requests_total == 42
+    assert len(servicer.times) == 3
+
+
+def test_service_config_json_shape() -> None:
+    config = json.loads(retry_service_config(max_attempts=3, initial_backoff=0.25))
+    (method,) = config["methodConfig"]
+    assert {"service": "inference.v1.InferenceService"} in method["name"]
+    policy = method["retryPolicy"]
+    assert policy["maxAttempts"] == 3 and policy["initialBackoff"] == "0.25s"
+    assert policy["retryableStatusCodes"] == ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]
+    with pytest.raises(ValueError):
+        retry_service_config(max_attempts=6)
+
+
+def test_backoff_policy() -> None:
+    policy = RetryPolicy(max_attempts=5, initial_backoff=0.1, multiplier=2, max_backoff=0.3, jitter=0.2)
+    assert policy.delay(grpc.StatusCode.INVALID_ARGUMENT, 1) is None
+    assert policy.delay(grpc.StatusCode.UNAVAILABLE, 5) is None
+    for attempt, base in ((1, 0.1), (2, 0.2), (3, 0.3), (4, 0.3)):
+        wait = policy.delay(grpc.StatusCode.UNAVAILABLE, attempt)
+        assert wait is not None and base * 0.8 <= wait <= base * 1.2
+    hinted = policy.delay(grpc.StatusCode.RESOURCE_EXHAUSTED, 1, hint=2.0)
+    assert hinted is not None and 2.0 <= hinted <= 2.4
+
+
+async def test_async_client_retries(stub: Callable[[Any], str]) -> None:
+    servicer = StubServicer(grpc.StatusCode.UNAVAILABLE, failures=2)
+    async with AsyncInferenceClient(stub(servicer), retry=FAST, timeout=10) as c:
+        assert (await c.metrics()).requests_total == 42
+        assert [type(e) for e in [e async for e in c.generate("x")]] == [Delta, Done]
+    assert len(servicer.times) == 4  # 2 failures + metrics + generate
+    bad = StubServicer(grpc.StatusCode.INVALID_ARGUMENT, failures=5)
+    async with AsyncInferenceClient(stub(bad), retry=FAST) as c:
+        with pytest.raises(InferenceError) as info:
+            await c.metrics()
+    assert info.value.attempts == 1 and len(bad.times) == 1
