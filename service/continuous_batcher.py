@@ -26,7 +26,7 @@ import numpy as np
 from service.events import Delta, Done, Error
 from service.metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
-from service.priority import QueuePolicy
+from service.priority import AdmissionControl, QueueFull, QueuePolicy
 from service.runner import ModelRunner
 from service.sampling import sample_rows
 from service.scheduler import Plan, Scheduler
@@ -34,16 +34,6 @@ from service.sequence import FinishReason, Priority, Sequence
 from service.telemetry import Telemetry
 
 log = logging.getLogger("service.engine")
-
-
-class QueueFull(Exception):
-    """The tier's queue limit is reached; ``retry_after_ms`` is a hint for the client."""
-
-    def __init__(self, priority: Priority, limit: int, retry_after_ms: int) -> None:
-        super().__init__(
-            f"{priority.name.lower()} queue is full ({limit} waiting); retry after {retry_after_ms} ms"
-        )
-        self.retry_after_ms = retry_after_ms
 
 
 class Draining(Exception):
@@ -83,9 +73,8 @@ class Engine:
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._queued = {p: 0 for p in Priority}
-        self._queued_uids: set[int] = set()
+        limits = config.queue_limits
+        self.admission = AdmissionControl({Priority.INTERACTIVE: limits[0], Priority.BATCH: limits[1]})
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.draining = False
@@ -115,15 +104,13 @@ class Engine:
     # -- API for RPC handlers (any thread) ----------------------------------------------
     def submit(self, seq: Sequence) -> None:
         """Queue ``seq``; raises QueueFull or Draining instead of dropping anything."""
-        with self._lock:
-            if self.draining:
-                raise Draining("server is shutting down")
-            limit = self.config.queue_limits[seq.priority]
-            if self._queued[seq.priority] >= limit:
-                self.metrics.on_reject(seq.priority)
-                raise QueueFull(seq.priority, limit, self._retry_hint_ms(seq.priority))
-            self._queued[seq.priority] += 1
-            self._queued_uids.add(seq.uid)
+        if self.draining:
+            raise Draining("server is shutting down")
+        try:
+            self.admission.enter(seq, self._retry_hint_ms)
+        except QueueFull:
+            self.metrics.on_reject(seq.priority)
+            raise
         self.metrics.on_accept(seq)
         self._inbox.put(("add", seq))
 
@@ -136,12 +123,10 @@ class Engine:
         self._cancel_message = message
         self._inbox.put(("cancel_all", None))  # type: ignore[arg-type]
 
-    def queued(self, priority: Priority) -> int:
-        return self._queued[priority]
-
-    def _retry_hint_ms(self, priority: Priority) -> int:
+    def _retry_hint_ms(self, priority: Priority, depth: int) -> int:
+        """Rough time for the queue ahead to drain: backlog x typical request latency."""
         e2e = self.metrics.snapshot()["tiers"][priority]["e2e"]["p50_ms"] or 1000.0
-        backlog = self._queued[priority] / max(self.config.max_running, 1)
+        backlog = depth / max(self.config.max_running, 1)
         return int(min(60_000, max(100.0, e2e * max(backlog, 0.1))))
 
     # -- engine thread ---------------------------------------------------------------------
@@ -180,11 +165,8 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _left_queue(self, seq: Sequence) -> None:
-        with self._lock:
-            if seq.uid in self._queued_uids:
-                self._queued_uids.discard(seq.uid)
-                self._queued[seq.priority] -= 1
+    def _left_queue(self, seq: Sequence) -> bool:
+        return self.admission.leave(seq)
 
     def step(self) -> None:
         """plan -> forward -> mask -> sample -> update -> emit."""
@@ -210,8 +192,7 @@ class Engine:
 
     def _note_plan(self, plan: Plan) -> None:
         for item in plan.items:
-            if item.seq.uid in self._queued_uids:
-                self._left_queue(item.seq)
+            if self._left_queue(item.seq):
                 self.telemetry.on_scheduled(item.seq)
         for seq in plan.preempted:
             self.telemetry.on_preempted(seq, "preempted")
@@ -253,9 +234,9 @@ class Engine:
     def _append_token(self, seq: Sequence, token: int) -> FinishReason | None:
         """Append a sampled token; return why the sequence finished, if it did."""
         seq.token_ids.append(token)
-        seq.out_tokens.append(token)
         if token in self.eog_ids and not seq.params.ignore_eos:
-            return FinishReason.STOP
+            return FinishReason.STOP  # counted in usage, never sent as output
+        seq.out_tokens.append(token)
         if seq.matcher is not None:
             try:
                 seq.matcher.consume(token)

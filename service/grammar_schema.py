@@ -77,13 +77,38 @@ def parse_schema(source: str) -> tuple[dict[str, Any], type[jsonschema.protocols
     return schema, cls
 
 
+_JSON_POINTER = re.compile(r"(/([^~/]|~[01])*)*")
+_REL_JSON_POINTER = re.compile(r"(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)")
+_IRI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20<>\"{}|\\^`\x7f]*")
+_IRI_REF = re.compile(r"[^\x00-\x20<>\"{}|\\^`\x7f]*")
+# Minimal checks for formats jsonschema cannot check without optional packages (rfc3987,
+# jsonpointer): used only when an unknown-to-llguidance format was dropped from the grammar.
+_EXTRA_FORMATS: dict[str, re.Pattern[str]] = {
+    "json-pointer": _JSON_POINTER, "relative-json-pointer": _REL_JSON_POINTER,
+    "iri": _IRI, "uri": _IRI, "iri-reference": _IRI_REF, "uri-reference": _IRI_REF,
+}
+_checkers: dict[type[Any], jsonschema.FormatChecker] = {}
+
+
+def _format_checker(cls: type[Any]) -> jsonschema.FormatChecker:
+    """The draft's format checker plus ``_EXTRA_FORMATS`` it lacks (built once per draft)."""
+    if cls not in _checkers:
+        checker = jsonschema.FormatChecker(formats=())
+        checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
+        for name, rx in _EXTRA_FORMATS.items():
+            if name not in checker.checkers:
+                checker.checks(name)(lambda v, rx=rx: not isinstance(v, str) or rx.fullmatch(v) is not None)
+        _checkers[cls] = checker
+    return _checkers[cls]
+
+
 def make_validator(schema: dict[str, Any], cls: type[Any]) -> Any:
-    """A validator that checks known formats and never fetches remote ``$ref``s.
+    """A validator that checks formats (as assertions) and never fetches remote ``$ref``s.
 
     NOTE: jsonschema's default registry still retrieves remote references over
     HTTP (deprecated, with a warning); an empty Registry turns that off (SSRF).
     """
-    return cls(schema, format_checker=cls.FORMAT_CHECKER, registry=referencing.Registry())
+    return cls(schema, format_checker=_format_checker(cls), registry=referencing.Registry())
 
 
 def _walk(node: Any, visit: Callable[[dict[str, Any]], None]) -> None:
@@ -153,7 +178,7 @@ def relax(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
 
         def overlapping(s: dict[str, Any], k: str) -> bool:
             pp = s.get("patternProperties")
-            return k in ("patternProperties", "additionalProperties") and isinstance(pp, dict) and pair <= set(pp)
+            return k in ("patternProperties", "additionalProperties") and isinstance(pp, dict) and bool(pair & set(pp))
 
         if _drop(schema, overlapping):
             return "ignored: overlapping patternProperties", "overlapping patternProperties"

@@ -284,7 +284,9 @@ class KVBlockManager:
             elif bid not in exclude:
                 self._evict(block)
             else:  # the only holder of a block we are about to share: keep it
-                return None
+                break
+        if not self._lane_blocks[lane] and lane not in self._free_lanes:
+            self._free_lanes.append(lane)
         return self._free_lanes.pop() if self._free_lanes else None
 
     # -- integrity ------------------------------------------------------------------

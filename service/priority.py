@@ -12,7 +12,8 @@ Two implementations behind one interface, selected by ``--scheduling``:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 
 from service.sequence import Priority, Sequence
 
@@ -80,6 +81,52 @@ class PriorityPolicy(QueuePolicy):
 
     def victim_cost(self, seq: Sequence, now: float) -> tuple[float, ...]:
         return (-self.effective_tier(seq, now), seq.num_computed, -seq.arrival)
+
+
+class QueueFull(Exception):
+    """The tier's queue limit is reached; ``retry_after_ms`` is a hint for the client."""
+
+    def __init__(self, priority: Priority, limit: int, retry_after_ms: int) -> None:
+        super().__init__(
+            f"{priority.name.lower()} queue is full ({limit} waiting); retry after {retry_after_ms} ms"
+        )
+        self.priority = priority
+        self.retry_after_ms = retry_after_ms
+
+
+class AdmissionControl:
+    """Per-tier queue limits, checked when a request arrives (any thread).
+
+    A request counts against its tier from ``enter`` until ``leave`` (it was
+    scheduled for the first time, or ended while still queued).
+    """
+
+    def __init__(self, limits: dict[Priority, int]) -> None:
+        self.limits = dict(limits)
+        self._lock = threading.Lock()
+        self._queued = {p: 0 for p in Priority}
+        self._members: set[int] = set()
+
+    def enter(self, seq: Sequence, retry_hint_ms: Callable[[Priority, int], int]) -> None:
+        """Count ``seq`` as queued, or raise QueueFull (nothing is counted then)."""
+        with self._lock:
+            depth = self._queued[seq.priority]
+            if depth >= self.limits[seq.priority]:
+                raise QueueFull(seq.priority, self.limits[seq.priority], retry_hint_ms(seq.priority, depth))
+            self._queued[seq.priority] = depth + 1
+            self._members.add(seq.uid)
+
+    def leave(self, seq: Sequence) -> bool:
+        """Stop counting ``seq``; False if it was not counted (idempotent)."""
+        with self._lock:
+            if seq.uid not in self._members:
+                return False
+            self._members.discard(seq.uid)
+            self._queued[seq.priority] -= 1
+            return True
+
+    def depth(self, priority: Priority) -> int:
+        return self._queued[priority]
 
 
 def make_policy(name: str, aging_s: float = 30.0) -> QueuePolicy:

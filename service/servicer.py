@@ -17,7 +17,8 @@ import grpc
 
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
-from service.continuous_batcher import Draining, Engine, QueueFull
+from service.continuous_batcher import Draining, Engine
+from service.priority import QueueFull
 from service.events import Delta, Done, Error
 from service.grammar_service import GrammarService
 from service.metrics_view import metrics_response

@@ -249,10 +249,16 @@ class GenerateStream:
 
     def collect(self) -> dict[str, Result]:
         """Iterate to the end; return each request's :class:`Result`, in submission order."""
-        results: dict[str, Result] = {}
+        results: dict[str, Result] = {rid: Result(rid) for rid in self.request_ids}
         for request_id, event in self:
             results.setdefault(request_id, Result(request_id)).add(event)
-        return {rid: results.get(rid, Result(rid)) for rid in self.request_ids} | results
+        return results
+
+    def __del__(self) -> None:
+        # An abandoned, never-iterated stream: release gRPC's request-consumer thread.
+        outbox = getattr(self, "_outbox", None)
+        if outbox is not None:
+            outbox.close()
 
     def __enter__(self) -> GenerateStream:
         return self

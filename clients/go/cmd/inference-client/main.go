@@ -150,7 +150,7 @@ func generateJSON(client inferencev1.InferenceServiceClient, prompt string, time
 		Prompt:     prompt,
 		JsonSchema: personSchema,
 		Sampling: &inferencev1.SamplingParams{
-			MaxTokens:   proto.Int32(128),
+			MaxTokens:   proto.Int32(256),
 			Temperature: proto.Float32(0),
 		},
 	})

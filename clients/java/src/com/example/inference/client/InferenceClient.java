@@ -252,7 +252,7 @@ public final class InferenceClient {
                   GenerateJSONRequest.newBuilder()
                       .setPrompt(prompt)
                       .setJsonSchema(PERSON_SCHEMA)
-                      .setSampling(SamplingParams.newBuilder().setMaxTokens(128).setTemperature(0f))
+                      .setSampling(SamplingParams.newBuilder().setMaxTokens(256).setTemperature(0f))
                       .build());
     } catch (StatusRuntimeException e) {
       if (e.getStatus().getCode() == Status.Code.UNIMPLEMENTED) {

@@ -1,0 +1,175 @@
+"""Async (grpc.aio) load generation against our server.
+
+``Stream`` is one bidirectional Generate stream that multiplexes requests: a
+closed-loop client sends its next request when the previous one is done, an
+open-loop source sends requests on a timer without waiting. Every request's
+time to first token is measured on the client, from ``write`` to the first
+delta carrying tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from bench.common import latency_summary
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+INTERACTIVE = pb.PRIORITY_INTERACTIVE
+BATCH = pb.PRIORITY_BATCH
+_ids = itertools.count()
+
+
+@dataclass
+class ReqResult:
+    """The outcome of one request as the client saw it."""
+
+    ok: bool
+    start: float
+    end: float
+    ttft_ms: float | None
+    tokens: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+    server_ttft_ms: float = 0.0
+    finish: str = ""
+    error: str = ""
+
+    @property
+    def e2e_ms(self) -> float:
+        return (self.end - self.start) * 1000.0
+
+
+def gen_request(
+    rid: str, prompt: str, max_tokens: int, priority: int = INTERACTIVE, ignore_eos: bool = True
+) -> pb.GenerateRequest:
+    """A greedy request that (with ignore_eos) produces exactly ``max_tokens`` tokens."""
+    sampling = pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
+    return pb.GenerateRequest(request_id=rid, prompt=prompt, sampling=sampling, priority=priority)
+
+
+class Stream:
+    """One Generate stream; ``request`` may be awaited concurrently from many tasks."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._call = pb_grpc.InferenceServiceStub(channel).Generate()
+        self._pending: dict[str, tuple[asyncio.Future[ReqResult], list[Any]]] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                msg = await self._call.read()
+                if msg is grpc.aio.EOF:
+                    break
+                self._on_message(msg)
+        except grpc.RpcError as exc:
+            self._fail_all(f"stream ended: {exc.code().name}")
+        self._fail_all("stream closed")
+
+    def _on_message(self, msg: pb.GenerateResponse) -> None:
+        entry = self._pending.get(msg.request_id)
+        if entry is None:
+            return
+        fut, st = entry  # st = [start, first_token_time, tokens]
+        kind = msg.WhichOneof("event")
+        if kind == "delta":
+            if msg.delta.token_ids and st[1] is None:
+                st[1] = time.perf_counter()
+            st[2] += len(msg.delta.token_ids)
+            return
+        del self._pending[msg.request_id]
+        now = time.perf_counter()
+        ttft = (st[1] - st[0]) * 1000.0 if st[1] is not None else None
+        if kind == "done":
+            d = msg.done
+            res = ReqResult(True, st[0], now, ttft, st[2], d.usage.prompt_tokens, d.usage.cached_tokens,
+                            d.preemptions, d.timing.ttft_ms, pb.FinishReason.Name(d.finish_reason))
+        else:
+            res = ReqResult(False, st[0], now, ttft, st[2], error=f"{msg.error.status}: {msg.error.message}")
+        if not fut.done():
+            fut.set_result(res)
+
+    def _fail_all(self, why: str) -> None:
+        now = time.perf_counter()
+        for fut, st in self._pending.values():
+            if not fut.done():
+                fut.set_result(ReqResult(False, st[0], now, None, st[2], error=why))
+        self._pending.clear()
+
+    async def request(self, prompt: str, max_tokens: int, priority: int = INTERACTIVE) -> ReqResult:
+        rid = f"r{next(_ids)}"
+        fut: asyncio.Future[ReqResult] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (fut, [time.perf_counter(), None, 0])
+        await self._call.write(gen_request(rid, prompt, max_tokens, priority))
+        return await fut
+
+    async def close(self) -> None:
+        try:
+            await self._call.done_writing()
+            await asyncio.wait_for(self._reader, timeout=30)
+        except (grpc.RpcError, TimeoutError, asyncio.CancelledError):
+            self._call.cancel()
+
+
+async def get_metrics(channel: grpc.aio.Channel) -> pb.GetMetricsResponse:
+    return await pb_grpc.InferenceServiceStub(channel).GetMetrics(pb.GetMetricsRequest(), timeout=10)
+
+
+async def closed_loop(
+    channel: grpc.aio.Channel, prompts: Sequence[Sequence[str]], max_tokens: int, priority: int = INTERACTIVE,
+    until: float | None = None,
+) -> list[ReqResult]:
+    """One client per entry of ``prompts``; each sends its prompts one after another.
+
+    With ``until`` (a ``time.perf_counter`` value) a client stops starting new
+    requests at that time, cycling through its prompts until then.
+    """
+
+    async def client(mine: Sequence[str]) -> list[ReqResult]:
+        stream = Stream(channel)
+        out: list[ReqResult] = []
+        try:
+            for i in itertools.count():
+                if until is None and i >= len(mine):
+                    break
+                if until is not None and time.perf_counter() >= until:
+                    break
+                out.append(await stream.request(mine[i % len(mine)], max_tokens, priority))
+        finally:
+            await stream.close()
+        return out
+
+    groups = await asyncio.gather(*(client(p) for p in prompts))
+    return [r for g in groups for r in g]
+
+
+def summarize(results: list[ReqResult], wall_s: float) -> dict[str, Any]:
+    """Aggregate throughput and client-side latency of a set of requests."""
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.tokens for r in ok)
+    return {
+        "requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "tok_s": tokens / wall_s if wall_s > 0 else None,
+        "req_s": len(ok) / wall_s if wall_s > 0 else None,
+        "ttft": latency_summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+        "e2e": latency_summary([r.e2e_ms for r in ok]),
+        "preemptions": sum(r.preemptions for r in ok),
+    }
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])

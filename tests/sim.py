@@ -1,0 +1,90 @@
+"""Model-free simulation of llama.cpp's KV cells and of engine steps, for unit tests.
+
+``ShadowKV`` applies the KV manager's cell operations with llama.cpp's
+semantics (a cell has one position and a set of lanes; ``cp`` adds a lane to
+cells, ``rm`` removes it, a cell with no lane is free) and checks that the pool
+never overflows and that every running sequence sees exactly its own tokens.
+``drive`` runs schedule -> (fake) forward -> update until all work is done,
+with a deterministic "model": the next token is a hash of the whole context, so
+a recomputed (preempted) sequence must produce exactly the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.paged_kv import KVBlockManager, KVOp
+from service.scheduler import Plan, Scheduler
+from service.sequence import FinishReason, Sequence
+
+
+@dataclass
+class ShadowKV:
+    capacity: int
+    cells: dict[int, tuple[int, int, set[int]]] = field(default_factory=dict)  # id -> (pos, token, lanes)
+    _next: int = 0
+
+    def apply(self, ops: tuple[KVOp, ...] | list[KVOp]) -> None:
+        for op in ops:
+            for cid, (pos, _tok, lanes) in list(self.cells.items()):
+                if op.p0 <= pos < op.p1:
+                    if op.kind == "rm":
+                        lanes.discard(op.lane)
+                    elif op.src in lanes:
+                        lanes.add(op.lane)
+                if not lanes:
+                    del self.cells[cid]
+
+    def write(self, lane: int, pos: int, token: int) -> None:
+        assert all(not (p == pos and lane in ls) for p, _t, ls in self.cells.values()), (
+            f"lane {lane} already has a cell at {pos}"
+        )
+        assert len(self.cells) < self.capacity, "llama.cpp would have run out of KV cells"
+        self.cells[self._next] = (pos, token, {lane})
+        self._next += 1
+
+    def lane_tokens(self, lane: int) -> list[int]:
+        got = sorted((p, t) for p, t, ls in self.cells.values() if lane in ls)
+        return [t for _p, t in got]
+
+
+def next_token(context: list[int], vocab: int = 50) -> int:
+    return hash(tuple(context)) % vocab
+
+
+def append_token(seq: Sequence, token: int) -> FinishReason | None:
+    seq.token_ids.append(token)
+    return FinishReason.LENGTH if seq.num_generated >= seq.params.max_tokens else None
+
+
+def fake_forward(sched: Scheduler, shadow: ShadowKV, plan: Plan) -> dict[int, int]:
+    """Write each scheduled token's cell; check each lane holds exactly its context."""
+    shadow.apply(plan.kv_ops)
+    sampled = {}
+    for item in plan.items:
+        seq = item.seq
+        for pos in range(seq.num_computed, seq.num_computed + item.num_tokens):
+            shadow.write(seq.lane, pos, seq.token_ids[pos])  # type: ignore[arg-type]
+        upto = seq.num_computed + item.num_tokens
+        assert shadow.lane_tokens(seq.lane) == seq.token_ids[:upto], f"{seq.request_id} sees wrong KV"  # type: ignore[arg-type]
+        if item.sample:
+            sampled[seq.uid] = next_token(seq.token_ids)
+    return sampled
+
+
+def drive(sched: Scheduler, shadow: ShadowKV, max_steps: int = 10_000) -> int:
+    """Run steps until idle, checking integrity after each; returns the number of steps."""
+    steps = 0
+    while sched.has_work():
+        plan = sched.schedule()
+        sampled = fake_forward(sched, shadow, plan)
+        sched.update(plan, sampled)
+        sched.kv.check_integrity(sched.running)
+        steps += 1
+        assert steps < max_steps, "scheduler made no progress"
+    shadow.apply(sched.kv.take_ops())
+    return steps
+
+
+def kv_manager(num_blocks: int = 32, block_size: int = 4, lanes: int = 8) -> KVBlockManager:
+    return KVBlockManager(num_blocks, block_size, lanes)
