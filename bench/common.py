@@ -9,6 +9,7 @@ import platform
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,8 @@ def _cpu_model() -> str:
 
 def _git_rev() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        cmd = ["git", "rev-parse", "--short", "HEAD"]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
@@ -120,3 +122,15 @@ def fmt(value: float | int | None, digits: int = 1, suffix: str = "") -> str:
     if isinstance(value, int):
         return f"{value}{suffix}"
     return f"{value:.{digits}f}{suffix}"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What every scenario gets: the model, quick mode and the compute threads of servers."""
+
+    model: Path
+    quick: bool
+    threads: int | None = None  # None: the server's default (all cores)
+
+    def server_threads(self) -> int:
+        return self.threads or os.cpu_count() or 2

@@ -12,19 +12,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-
-from bench.common import latency_summary
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
+from bench.common import latency_summary
 
 INTERACTIVE = pb.PRIORITY_INTERACTIVE
 BATCH = pb.PRIORITY_BATCH
 _ids = itertools.count()
+TokenSink = Callable[[int, float], None]
 
 
 @dataclass
@@ -59,8 +60,9 @@ def gen_request(
 class Stream:
     """One Generate stream; ``request`` may be awaited concurrently from many tasks."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, on_tokens: TokenSink | None = None) -> None:
         self._call = pb_grpc.InferenceServiceStub(channel).Generate()
+        self._on_tokens = on_tokens  # (tokens, perf_counter time) of every delta
         self._pending: dict[str, tuple[asyncio.Future[ReqResult], list[Any]]] = {}
         self._reader = asyncio.create_task(self._read())
 
@@ -82,9 +84,12 @@ class Stream:
         fut, st = entry  # st = [start, first_token_time, tokens]
         kind = msg.WhichOneof("event")
         if kind == "delta":
-            if msg.delta.token_ids and st[1] is None:
-                st[1] = time.perf_counter()
-            st[2] += len(msg.delta.token_ids)
+            n, now = len(msg.delta.token_ids), time.perf_counter()
+            if n and st[1] is None:
+                st[1] = now
+            st[2] += n
+            if self._on_tokens is not None:
+                self._on_tokens(n, now)
             return
         del self._pending[msg.request_id]
         now = time.perf_counter()
@@ -111,6 +116,10 @@ class Stream:
         self._pending[rid] = (fut, [time.perf_counter(), None, 0])
         await self._call.write(gen_request(rid, prompt, max_tokens, priority))
         return await fut
+
+    def abort(self) -> None:
+        """Cancel the stream: the server aborts its in-flight requests, which end as failed here."""
+        self._call.cancel()
 
     async def close(self) -> None:
         try:

@@ -102,7 +102,8 @@ class _Process:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise ServerFailed(f"{self.label} exited with code {self.proc.returncode}; see {self.log_path}")
+                code = self.proc.returncode
+                raise ServerFailed(f"{self.label} exited with code {code}; see {self.log_path}")
             if self.ready():
                 return
             time.sleep(0.25)
@@ -165,7 +166,8 @@ class LlamaCppServer(_Process):
 
     def __init__(self, label: str, model: str | Path, n_ctx: int = 4096, threads: int = 2) -> None:
         argv = [
-            PYTHON, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", "{port}",
+            PYTHON, "-m", "llama_cpp.server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", "{port}",
             "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
             # NOTE: the default (True) aborts the streaming request whenever another one
             # arrives; off, concurrent requests queue on the server's lock and all complete.

@@ -13,18 +13,20 @@ import random
 from functools import lru_cache
 from pathlib import Path
 
-WORDS = (
-    "time person year way day thing man world life hand part child eye woman place work week case point "
-    "government company number group problem fact be have do say get make go know take see come think look "
-    "want give use find tell ask seem feel try leave call good new first last long great little own other old "
-    "right big high different small large next early young important few public bad same able to of in for on "
-    "with at by from up about into over after river mountain garden kitchen window letter market engine "
-    "library theory music forest planet ocean bridge castle village winter summer autumn spring morning "
-    "evening journey story question answer reason pattern signal network memory process system language "
-    "history science nature animal bird fish tree flower stone metal glass paper light shadow color sound "
-    "silence voice dream idea plan method result effect cause change growth energy power force motion speed "
-    "distance weight measure value price cost trade money bank road street city country border island coast"
-).split()
+_WORD_TEXT = """
+time person year way day thing man world life hand part child eye woman place work week case point
+government company number group problem fact be have do say get make go know take see come think
+look want give use find tell ask seem feel try leave call good new first last long great little own
+other old right big high different small large next early young important few public bad same able
+to of in for on with at by from up about into over after river mountain garden kitchen window letter
+market engine library theory music forest planet ocean bridge castle village winter summer autumn
+spring morning evening journey story question answer reason pattern signal network memory process
+system language history science nature animal bird fish tree flower stone metal glass paper light
+shadow color sound silence voice dream idea plan method result effect cause change growth energy
+power force motion speed distance weight measure value price cost trade money bank road street city
+country border island coast
+"""
+WORDS = tuple(_WORD_TEXT.split())
 
 
 @lru_cache(maxsize=2)

@@ -8,6 +8,8 @@ import logging
 import signal
 import sys
 
+from opentelemetry import trace
+
 from service.config import ServerConfig, load_config
 from service.runner import ModelLoadError
 from service.server import InferenceServer
@@ -15,8 +17,41 @@ from service.server import InferenceServer
 log = logging.getLogger("service")
 
 
+REQUEST_FIELDS = ("request_id", "trace_id", "span_id")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TraceContextFilter(logging.Filter):
+    """Gives records without a trace_id the ids of the current OpenTelemetry span (if any).
+
+    Request log lines carry ``request_id``/``trace_id`` explicitly (``extra=``,
+    see ``Telemetry.log_fields``); lines logged inside an RPC handler with
+    tracing on get the RPC span's ids from here.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "trace_id"):
+            ctx = trace.get_current_span().get_span_context()
+            if ctx.is_valid:
+                record.trace_id = f"{ctx.trace_id:032x}"
+                record.span_id = f"{ctx.span_id:016x}"
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """The classic text line, followed by ``[request_id=... trace_id=...]`` when the record has them."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = [f"{k}={getattr(record, k)}" for k in REQUEST_FIELDS if hasattr(record, k)]
+        return f"{line} [{' '.join(fields)}]" if fields else line
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line; request_id and trace_id are included when the record has them."""
+    """One JSON object per line; request_id, trace_id and span_id are included when the record has them."""
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -25,7 +60,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("request_id", "trace_id", "span_id"):
+        for key in REQUEST_FIELDS:
             if hasattr(record, key):
                 out[key] = getattr(record, key)
         if record.exc_info:
@@ -34,20 +69,29 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(config: ServerConfig) -> None:
+    """Root logging to stderr in ``config.log_format`` at ``config.log_level``."""
     handler = logging.StreamHandler(sys.stderr)
-    if config.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if config.log_format == "json" else TextFormatter())
+    handler.addFilter(TraceContextFilter())
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler], force=True)
     logging.getLogger("service.llama").setLevel(logging.WARNING)
 
 
 async def serve(config: ServerConfig) -> int:
-    """Run until SIGTERM/SIGINT, then drain gracefully; returns the exit code."""
+    """Run until SIGTERM/SIGINT, then drain gracefully; returns the exit code (0, or 2 if the model fails).
+
+    Shutdown: health NOT_SERVING, new requests refused with UNAVAILABLE,
+    in-flight requests get ``config.grace_seconds`` to finish, the rest end
+    with an UNAVAILABLE error event; then the server, engine and exporters stop.
+    """
     from service.telemetry_setup import make_telemetry
 
-    server = InferenceServer(config, make_telemetry(config))
+    try:
+        telemetry = make_telemetry(config)
+    except OSError as exc:  # e.g. the Prometheus port is taken
+        log.error("cannot start telemetry: %s", exc)
+        return 2
+    server = InferenceServer(config, telemetry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -60,7 +104,8 @@ async def serve(config: ServerConfig) -> int:
         return 2
     await stop.wait()
     log.info("shutting down: draining for up to %.1f s", config.grace_seconds)
-    await server.stop(grace_s=config.grace_seconds)
+    await server.drain(config.grace_seconds)
+    await server.stop()
     log.info("stopped")
     return 0
 

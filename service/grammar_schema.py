@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jsonschema
-import referencing
+import referencing.exceptions
+from jsonschema_specifications import REGISTRY as METASCHEMAS
 
 # Keywords whose removal can only widen the set of valid documents (pure
 # assertions, or applicators that only ever restrict, such as ``not``).
@@ -80,12 +81,13 @@ def parse_schema(source: str) -> tuple[dict[str, Any], type[jsonschema.protocols
 _JSON_POINTER = re.compile(r"(/([^~/]|~[01])*)*")
 _REL_JSON_POINTER = re.compile(r"(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)")
 _IRI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20<>\"{}|\\^`\x7f]*")
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20<>\"{}|\\^`\x7f-\U0010ffff]*")
 _IRI_REF = re.compile(r"[^\x00-\x20<>\"{}|\\^`\x7f]*")
 # Minimal checks for formats jsonschema cannot check without optional packages (rfc3987,
 # jsonpointer): used only when an unknown-to-llguidance format was dropped from the grammar.
 _EXTRA_FORMATS: dict[str, re.Pattern[str]] = {
     "json-pointer": _JSON_POINTER, "relative-json-pointer": _REL_JSON_POINTER,
-    "iri": _IRI, "uri": _IRI, "iri-reference": _IRI_REF, "uri-reference": _IRI_REF,
+    "iri": _IRI, "uri": _URI, "iri-reference": _IRI_REF, "uri-reference": _IRI_REF,
 }
 _checkers: dict[type[Any], jsonschema.FormatChecker] = {}
 
@@ -106,9 +108,46 @@ def make_validator(schema: dict[str, Any], cls: type[Any]) -> Any:
     """A validator that checks formats (as assertions) and never fetches remote ``$ref``s.
 
     NOTE: jsonschema's default registry still retrieves remote references over
-    HTTP (deprecated, with a warning); an empty Registry turns that off (SSRF).
+    HTTP (deprecated, with a warning); a registry holding only the bundled
+    metaschemas turns that off (no SSRF from a client's ``$ref``).
     """
-    return cls(schema, format_checker=_format_checker(cls), registry=referencing.Registry())
+    return cls(schema, format_checker=_format_checker(cls), registry=METASCHEMAS)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def document_problem(validator: Any, text: str) -> str | None:
+    """What is wrong with the JSON document ``text`` under ``validator``, or None if nothing.
+
+    NOTE: stricter than json.loads: duplicate keys (llguidance does not enforce unique keys
+    for additionalProperties, and json.loads would silently keep the last) and NaN/Infinity
+    are errors.
+    """
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        return f"document is not valid JSON: {exc}"
+    try:
+        err = next(iter(validator.iter_errors(doc)), None)
+    except RecursionError:
+        return "document is nested too deeply to validate"
+    except referencing.exceptions.Unresolvable as exc:
+        return f"cannot validate the document: unresolvable $ref {exc}"
+    if err is None:
+        return None
+    where = "/".join(str(p) for p in err.absolute_path) or "(root)"
+    return f"document fails the schema at {where}: {err.message}"
 
 
 def _walk(node: Any, visit: Callable[[dict[str, Any]], None]) -> None:
@@ -178,7 +217,8 @@ def relax(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
 
         def overlapping(s: dict[str, Any], k: str) -> bool:
             pp = s.get("patternProperties")
-            return k in ("patternProperties", "additionalProperties") and isinstance(pp, dict) and bool(pair & set(pp))
+            in_pair = isinstance(pp, dict) and bool(pair & set(pp))
+            return in_pair and k in ("patternProperties", "additionalProperties")
 
         if _drop(schema, overlapping):
             return "ignored: overlapping patternProperties", "overlapping patternProperties"
@@ -192,7 +232,11 @@ def _relax_pattern(schema: dict[str, Any], error: str) -> tuple[str, str] | None
         return None
 
     def named(s: dict[str, Any], k: str) -> bool:
-        return k == "pattern" and isinstance(s[k], str) and _lark_regex(s[k]) in error
+        if k != "pattern" or not isinstance(s[k], str):
+            return False
+        # llguidance quotes a pattern as /.../ (slashes escaped); the regex crate's parse
+        # errors show it on its own indented line.
+        return _lark_regex(s[k]) in error or f"\n    {s[k]}\n" in error
 
     if _drop(schema, named):
         return "ignored: pattern unsupported by the grammar engine", "pattern"

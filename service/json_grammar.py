@@ -13,7 +13,6 @@ Threads: ``GrammarCompiler.compile`` is called from worker threads;
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -104,6 +103,10 @@ class GrammarMatcher:
             status = "RESOURCE_EXHAUSTED" if _status_of(err) == "RESOURCE_EXHAUSTED" else "INTERNAL"
             raise GrammarError(status, f"token {token} not allowed by the grammar: {_short(err, 200)}")
 
+    def validate(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` the grammar would accept from here (nothing is consumed)."""
+        return int(self._m.validate_tokens(tokens))
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next (not consumed); [] if none or if the matcher is stopped."""
         if self._m.is_stopped():
@@ -151,7 +154,7 @@ class GrammarCompiler:
         """(compiled, cache_hit, compile_ms). Thread-safe. Raises GrammarError."""
         t0 = time.perf_counter()
         if kind not in KINDS:
-            raise GrammarError("INVALID_ARGUMENT", f"unknown constraint kind {kind!r} (one of {', '.join(KINDS)})")
+            raise GrammarError("INVALID_ARGUMENT", f"unknown constraint kind {kind!r}; use one of {KINDS}")
         data = source.encode("utf-8", "surrogatepass")
         if len(data) > self.max_source_bytes:
             raise GrammarError(
@@ -170,7 +173,7 @@ class GrammarCompiler:
         try:
             compiled = fut.result(timeout=self.compile_timeout_s)
         except FutureTimeout:
-            exc = GrammarError("RESOURCE_EXHAUSTED", f"{kind} compilation exceeded {self.compile_timeout_s:g} s")
+            exc = GrammarError("RESOURCE_EXHAUSTED", f"{kind} compile exceeded {self.compile_timeout_s:g} s")
             self._fail(key, fut, exc)
             raise exc from None
         return compiled, hit, (time.perf_counter() - t0) * 1000.0
@@ -221,7 +224,8 @@ class GrammarCompiler:
             schema, cls = gs.parse_schema(source)
         except gs.SchemaProblem as exc:
             raise GrammarError("INVALID_ARGUMENT", str(exc)) from exc
-        work, approx, options = gs.prepare(schema), [], dict(JSON_OPTIONS, coerce_one_of=False)
+        work, options = gs.prepare(schema), dict(JSON_OPTIONS, coerce_one_of=False)
+        approx: list[str] = []
         for _ in range(MAX_RELAX_PASSES):
             grammar = llg.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
             proto = self._new_matcher(grammar)
@@ -237,7 +241,7 @@ class GrammarCompiler:
             if fix[0] == "":
                 options["coerce_one_of"] = True
             approx.append(fix[0] or "oneOf->anyOf")
-        raise GrammarError("INVALID_ARGUMENT", f"JSON Schema needs too many approximations: {', '.join(approx)}")
+        raise GrammarError("INVALID_ARGUMENT", f"JSON Schema needs too many approximations: {approx}")
 
 
 def _gbnf(source: str) -> str:
@@ -291,19 +295,6 @@ class MaskBatch:
         return us
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def validate_document(compiled: CompiledGrammar, text: str) -> None:
     """Final check of a generated ``json_schema`` document (no-op for other kinds).
 
@@ -313,16 +304,8 @@ def validate_document(compiled: CompiledGrammar, text: str) -> None:
     """
     if compiled.kind != "json_schema" or compiled._validator is None:
         return
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise GrammarError("INTERNAL", f"document is not valid JSON: {exc}") from exc
-    try:
-        err = next(iter(compiled._validator.iter_errors(doc)), None)
-    except RecursionError as exc:
-        raise GrammarError("INTERNAL", "document is nested too deeply to validate") from exc
-    if err is not None:
-        where = "/".join(str(p) for p in err.absolute_path) or "(root)"
-        approx = f" (schema compiled with approximations: {', '.join(compiled.approximations)})" \
-            if compiled.approximations else ""
-        raise GrammarError("INTERNAL", f"document fails the schema at {where}: {_short(err.message, 200)}{approx}")
+    problem = gs.document_problem(compiled._validator, text)
+    if problem is not None:
+        approx = ", ".join(compiled.approximations)
+        note = f" (schema compiled with approximations: {approx})" if approx else ""
+        raise GrammarError("INTERNAL", _short(problem, 300) + note)

@@ -31,6 +31,7 @@ from service.paged_kv import KVBlockManager
 from service.priority import make_policy
 from service.requests import PromptLimits, RequestBuilder
 from service.runner import ModelRunner
+from service.sequence import Priority
 from service.servicer import InferenceServicer
 from service.telemetry import Telemetry
 
@@ -71,7 +72,9 @@ class InferenceServer:
     async def start(self) -> int:
         """Listen, load, warm up, then report SERVING; returns the bound port."""
         await self._set_health(NOT_SERVING)
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(
+            interceptors=self.telemetry.server_interceptors(), options=[("grpc.so_reuseport", 0)]
+        )
         pb_grpc.add_InferenceServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -94,6 +97,7 @@ class InferenceServer:
 
     def _load(self) -> tuple[Engine, RequestBuilder, GrammarService]:
         engine = build_engine(self.config)
+        self.telemetry.attach(engine)  # engine hooks, OTel metric callbacks
         vocab = engine.runner.vocab
         grammar = GrammarService(
             vocab, engine.metrics, max_source_bytes=self.config.max_schema_bytes,
@@ -119,10 +123,18 @@ class InferenceServer:
             return
         self.engine.draining = True
         deadline = time.monotonic() + grace_s
-        while self.engine.scheduler.has_work() and time.monotonic() < deadline:
+        while self._in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.engine.cancel_all("server shutting down: grace period over")
-        await asyncio.sleep(0.2)  # let the cancellation events reach their streams
+        deadline = time.monotonic() + 5.0
+        while self._in_flight() and time.monotonic() < deadline:  # cancelled between two steps
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # let the final events reach their streams
+
+    def _in_flight(self) -> bool:
+        """Accepted requests not finished: queued, running, or submitted but not yet seen by the engine."""
+        assert self.engine is not None
+        return self.engine.scheduler.has_work() or any(self.engine.admission.depth(p) for p in Priority)
 
     async def stop(self, grace_s: float = 0.0) -> None:
         if self.engine is not None and grace_s > 0:

@@ -90,9 +90,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         return seq
 
     def submit(self, seq: Sequence) -> None:
-        """Submit; QueueFull/Draining propagate to the caller."""
+        """Submit; QueueFull/Draining propagate to the caller (telemetry sees them as the request's end)."""
         self.telemetry.on_submit(seq)
-        self.engine.submit(seq)
+        try:
+            self.engine.submit(seq)
+        except (QueueFull, Draining) as exc:
+            status = "RESOURCE_EXHAUSTED" if isinstance(exc, QueueFull) else "UNAVAILABLE"
+            self.telemetry.on_finish(seq, Error(status, str(exc)))
+            raise
 
     # -- Generate ------------------------------------------------------------------------------
     async def Generate(
@@ -124,6 +129,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         def on_event(ev: Any) -> None:
             events.append(ev)
             if isinstance(ev, Done | Error) and not result.done():
+                self.telemetry.on_finish(seq, ev)
                 result.set_result(events)
 
         try:

@@ -16,11 +16,12 @@ from .aio_stream import AsyncGenerateStream, AsyncGeneration
 from .client import DEFAULT_TARGET, InferenceClient
 from .errors import InferenceError
 from .events import Delta, Done, ErrorEvent, Event, Result, StreamEvent, Timing, Usage
+from .generation import Generation
 from .metrics import format_metrics, metrics_to_dict
 from .retry import NO_RETRY, RetryPolicy
 from .service_config import channel_options, retry_service_config
 from .spec import GenerateOptions, RequestSpec, SamplingOptions
-from .stream import GenerateStream, Generation
+from .stream import GenerateStream
 
 __all__ = [
     "DEFAULT_TARGET",

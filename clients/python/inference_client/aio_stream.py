@@ -246,7 +246,7 @@ class AsyncGeneration:
         self.request_id = request_id
         self._stream = stream
         self._finish = _Finish()
-        self._events = _single(stream, self._finish)  # no reference to self: see stream.Generation
+        self._events = _single(stream, self._finish)  # no reference to self: see generation.Generation
 
     @property
     def done(self) -> Done | None:

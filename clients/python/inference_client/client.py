@@ -24,10 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
+from .generation import Generation
 from .metrics import metrics_to_dict
 from .retry import RetryPolicy, call_with_retry
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
-from .stream import GenerateStream, Generation, StreamRegistry
+from .stream import GenerateStream, StreamRegistry
 
 DEFAULT_TARGET = "localhost:50051"
 

@@ -1,0 +1,125 @@
+"""Priority scheduling with the real model: fast interactive admission, exact resume, overload control."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
+from tests.helpers import MarginRecorder, OpenStream, assert_same_greedy, req, run_stream
+
+pytestmark = pytest.mark.model
+
+TOPICS = ("rivers", "mountains", "volcanoes", "deserts", "glaciers", "forests", "oceans", "islands")
+
+
+def batch_reqs(n_tokens: int) -> list[pb.GenerateRequest]:
+    return [req(f"b{i}", f"An encyclopedia entry about {t}:", n_tokens, ignore_eos=True,
+                priority=pb.PRIORITY_BATCH) for i, t in enumerate(TOPICS)]
+
+
+def test_interactive_preempts_full_batch_and_batch_output_is_unchanged(
+    server: RunningServer, channel: grpc.Channel
+) -> None:
+    eng = server.engine
+    assert eng.config.max_running == 8
+    rec = MarginRecorder()
+    eng.logits_hook = rec
+    try:
+        reference = run_stream(channel, batch_reqs(80))  # never preempted
+    finally:
+        eng.logits_hook = None
+    wait_idle(server)
+
+    stream = OpenStream(channel)
+    for r in batch_reqs(80):
+        stream.send(r)
+    deadline = time.monotonic() + 30
+    while len(eng.scheduler.running) < 8 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    preempt_before = eng.scheduler.preemptions.copy()
+    stream.send(req("inter", "Quick question: what is 2+2?", 4, priority=pb.PRIORITY_INTERACTIVE))
+    # Count engine steps from the moment the engine has the request (the RPC path before it is not ours).
+    while not any(s.request_id == "inter" for s in list(eng.scheduler.waiting) + list(eng.scheduler.running)):
+        time.sleep(0.001)
+    steps_before = eng.metrics.steps
+    results: dict[str, list[int]] = {}
+    first_inter_step = None
+    finished = set()
+    while len(finished) < 9:
+        ev = stream.next_event()
+        kind = ev.WhichOneof("event")
+        if kind == "delta":
+            if ev.request_id == "inter" and first_inter_step is None:
+                first_inter_step = eng.metrics.steps
+            results.setdefault(ev.request_id, []).extend(ev.delta.token_ids)
+        else:
+            assert kind == "done", ev
+            finished.add(ev.request_id)
+    stream.close()
+    stream.join()
+    assert first_inter_step is not None and first_inter_step - steps_before <= 4, (steps_before, first_inter_step)
+    gained = eng.scheduler.preemptions - preempt_before
+    assert gained[(pb.PRIORITY_BATCH - 1, "priority")] >= 1 or sum(gained.values()) >= 1
+    for rid, ref in reference.items():
+        assert_same_greedy(ref.token_ids, results[rid], rec.margins[rid])
+    assert_kv_clean(server)
+
+
+@pytest.fixture(scope="module")
+def tight() -> RunningServer:
+    srv = start_server(max_running=1, queue_limit_interactive=1, queue_limit_batch=1, kv_lanes=8, step_tokens=64)
+    yield srv
+    srv.close()
+
+
+def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
+    with grpc.insecure_channel(tight.target) as ch:
+        out = run_stream(ch, [req("a", "Tell me a story.", 40, ignore_eos=True), req("b", "Hi", 4),
+                              req("c", "Hello", 4), req("d", "Hey", 4)])
+        errors = {k: r.error for k, r in out.items() if r.error is not None}
+        assert errors, "a full interactive queue must reject"
+        for e in errors.values():
+            assert e.status == "RESOURCE_EXHAUSTED" and e.retry_after_ms > 0
+            assert f"retry after {e.retry_after_ms} ms" in e.message
+        assert out["a"].done is not None
+        # Unary: RESOURCE_EXHAUSTED with trailing metadata.
+        stream = OpenStream(ch)
+        stream.send(req("long", "Tell me a long story.", 60, ignore_eos=True))
+        stream.send(req("queued", "Hi", 4))
+        stream.next_event()
+        stub = pb_grpc.InferenceServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GenerateJSON(pb.GenerateJSONRequest(prompt="x", json_schema='{"type":"object"}'))
+        if info.value.code() != grpc.StatusCode.UNIMPLEMENTED:
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            meta = dict(info.value.trailing_metadata() or ())
+            assert int(meta["retry-after-ms"]) > 0
+        stream.close()
+        stream.join()
+    assert tight.engine.metrics.snapshot()["tiers"][0]["rejected"] >= 1
+    assert_kv_clean(tight)
+
+
+def test_deadline_expires_in_queue_without_running(tight: RunningServer) -> None:
+    eng = tight.engine
+    with grpc.insecure_channel(tight.target) as ch:
+        stream = OpenStream(ch)
+        stream.send(req("long", "Tell me a long story.", 80, ignore_eos=True))  # same tier: no preemption
+        stream.next_event()
+        gen_before = eng.metrics.snapshot()["generated_tokens"]
+        stub = pb_grpc.InferenceServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Generate(iter([req("late", "Hi", 4)]), timeout=0.3))
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        stream.close()
+        stream.join()
+    wait_idle(tight)
+    snap = eng.metrics.snapshot()
+    assert snap["generated_tokens"] - gen_before <= 80  # only the long request generated
+    assert snap["tiers"][0]["cancelled"] >= 1
+    assert_kv_clean(tight)
