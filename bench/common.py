@@ -17,9 +17,24 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-LOGS = RESULTS / "logs"
+_results_dir = RESULTS
 DEFAULT_MODEL = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 PYTHON = sys.executable
+
+
+def results_dir() -> Path:
+    """Where result files go: bench/results, or bench/results/quick in quick mode."""
+    return _results_dir
+
+
+def set_results_dir(path: Path) -> None:
+    global _results_dir
+    _results_dir = path
+
+
+def logs_dir() -> Path:
+    """Server logs (stderr of every subprocess): <results>/logs."""
+    return _results_dir / "logs"
 
 
 def free_port() -> int:
@@ -93,9 +108,9 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` (atomically) and return its path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """Write ``<results>/<name>.json`` (atomically) and return its path."""
+    results_dir().mkdir(parents=True, exist_ok=True)
+    path = results_dir() / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
     tmp.replace(path)

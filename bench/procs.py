@@ -20,7 +20,7 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.common import LOGS, PYTHON, ROOT, free_port
+from bench.common import PYTHON, ROOT, free_port, logs_dir
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -73,7 +73,7 @@ class _Process:
         self.label = label
         self.port = free_port()
         self.argv = [a.replace("{port}", str(self.port)) for a in argv]
-        self.log_path = LOGS / f"{label}.log"
+        self.log_path = logs_dir() / f"{label}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self.startup_s = 0.0
@@ -84,7 +84,7 @@ class _Process:
         return self.proc.pid
 
     def start(self) -> None:
-        LOGS.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self._log.write(("$ " + " ".join(self.argv) + "\n").encode())
         self._log.flush()

@@ -102,7 +102,7 @@ async def _many(target: str, fill: list[list[str]], measured: list[list[str]], m
 
 def run_many_prefixes(cfg: BenchConfig) -> dict[str, Any]:
     maker = PromptMaker(cfg.model, seed=4242)
-    n_sys, length, rounds, ctx = (8, 200, 2, 8192) if cfg.quick else (32, 500, 2, 24576)
+    n_sys, length, rounds, ctx = (12, 150, 2, 8192) if cfg.quick else (32, 500, 2, 24576)
     systems = [maker.text(length) for _ in range(n_sys)]
     fill = _round_robin(systems, maker, 1)
     measured = _round_robin(systems, maker, rounds)

@@ -232,7 +232,24 @@ class Engine:
 
     # -- per-token bookkeeping (called by Scheduler.update) -------------------------------
     def _append_token(self, seq: Sequence, token: int) -> FinishReason | None:
-        """Append a sampled token; return why the sequence finished, if it did."""
+        """Append a sampled token (and any tokens the grammar then forces); say why it finished."""
+        reason = self._append_one(seq, token)
+        if reason is None and seq.matcher is not None:
+            # NOTE: fast-forward: tokens the grammar forces are appended uncomputed,
+            # so the next step computes them in one chunk instead of sampling each.
+            forced = seq.matcher.forced_tokens()
+            for t in forced:
+                reason = self._append_one(seq, t)
+                if reason is not None:
+                    break
+            if forced:
+                self.metrics.on_mask(0.0, 0, len(forced))
+        return reason
+
+    def _append_one(self, seq: Sequence, token: int) -> FinishReason | None:
+        if seq.matcher is not None and (err := seq.matcher.error()) is not None:
+            seq.error, seq.error_status = f"grammar failed: {err}", getattr(err, "status", "INTERNAL")
+            return FinishReason.ERROR
         seq.token_ids.append(token)
         if token in self.eog_ids and not seq.params.ignore_eos:
             return FinishReason.STOP  # counted in usage, never sent as output
@@ -241,7 +258,7 @@ class Engine:
             try:
                 seq.matcher.consume(token)
             except Exception as exc:
-                seq.error = f"grammar rejected token {token}: {exc}"
+                seq.error, seq.error_status = f"grammar rejected token {token}: {exc}", "INTERNAL"
                 return FinishReason.ERROR
         if seq.text is not None:
             seq.out_text += seq.text.push(token)
@@ -258,7 +275,7 @@ class Engine:
         done = {s.uid for s in finished}
         for item in plan.items:
             seq = item.seq
-            if seq.uid in done and seq.text is not None and seq.finish_reason is FinishReason.LENGTH:
+            if seq.uid in done and seq.text is not None and seq.finish_reason is not FinishReason.ERROR:
                 seq.out_text += seq.text.flush()
             if seq.out_tokens or seq.out_text:
                 events.append((seq, Delta(seq.out_text, tuple(seq.out_tokens))))
@@ -266,7 +283,7 @@ class Engine:
         for seq in finished:
             self.metrics.on_finish(seq)
             if seq.finish_reason is FinishReason.ERROR:
-                events.append((seq, Error("INTERNAL", seq.error or "request failed")))
+                events.append((seq, Error(seq.error_status, seq.error or "request failed")))
             else:
                 events.append((seq, self._done(seq)))
         self._dispatch(events)

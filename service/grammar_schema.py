@@ -41,6 +41,7 @@ _NAME_MAPS = frozenset({
     "dependentRequired",
 })
 
+ONE_OF = "oneOf->anyOf"
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: ([^\n]*?)(?: \(\d+ times\))?$", re.M)
 _OVERLAP = re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint")
@@ -188,29 +189,29 @@ def _lark_regex(pattern: str) -> str:
     return "/" + pattern.replace("/", "\\/") + "/"
 
 
-def relax(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
+def relax(schema: dict[str, Any], error: str) -> str | None:
     """Approximate ``schema`` in place so that llguidance's ``error`` goes away.
 
-    Returns ``(label, feature)``: a label for ``approximations`` (an empty
-    label means "apply coerce_one_of") and the feature name. Returns None when
-    no safe approximation exists or nothing could be changed.
+    Returns the label recorded in ``approximations`` (``ONE_OF`` means "compile
+    with coerce_one_of"; the schema is unchanged), or None when no safe
+    approximation exists or nothing could be changed.
     """
     if "oneOf constraints are not supported" in error:
-        return "", "oneOf"
+        return ONE_OF
     if m := _UNIMPLEMENTED.search(error):
         keys = json.loads(m.group(1))
         bad = [k for k in keys if k not in DROPPABLE]
         if bad or not _drop(schema, lambda s, k: k in keys):
             return None
-        return "ignored: " + ", ".join(keys), ", ".join(keys)
+        return "ignored: " + ", ".join(keys)
     if m := _UNKNOWN_FORMAT.search(error):
         fmt = m.group(1)
         if _drop(schema, lambda s, k: k == "format" and s[k] == fmt):
-            return f"format:{fmt} ignored", f"format {fmt!r}"
+            return f"format:{fmt} ignored"
         return None
     if "min/maxProperties only supported" in error:
         if _drop(schema, lambda s, k: k in ("minProperties", "maxProperties")):
-            return "ignored: minProperties/maxProperties", "minProperties/maxProperties"
+            return "ignored: minProperties/maxProperties"
         return None
     if m := _OVERLAP.search(error):
         pair = {m.group(1), m.group(2)}
@@ -221,12 +222,12 @@ def relax(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
             return in_pair and k in ("patternProperties", "additionalProperties")
 
         if _drop(schema, overlapping):
-            return "ignored: overlapping patternProperties", "overlapping patternProperties"
+            return "ignored: overlapping patternProperties"
         return None
     return _relax_pattern(schema, error)
 
 
-def _relax_pattern(schema: dict[str, Any], error: str) -> tuple[str, str] | None:
+def _relax_pattern(schema: dict[str, Any], error: str) -> str | None:
     """Drop the ``pattern``s named in a regex error (lookarounds, backreferences, intersections)."""
     if "regex" not in error:
         return None
@@ -239,7 +240,7 @@ def _relax_pattern(schema: dict[str, Any], error: str) -> tuple[str, str] | None
         return _lark_regex(s[k]) in error or f"\n    {s[k]}\n" in error
 
     if _drop(schema, named):
-        return "ignored: pattern unsupported by the grammar engine", "pattern"
+        return "ignored: pattern unsupported by the grammar engine"
     return None
 
 

@@ -58,3 +58,5 @@ class GrammarService:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._jg is not None:
+            self.compiler.close()

@@ -7,7 +7,8 @@ features approximated by ``grammar_schema.relax`` and restored by the final
 ``gbnf_to_lark``; llama.cpp's own grammar sampler is never used).
 
 Threads: ``GrammarCompiler.compile`` is called from worker threads;
-``GrammarMatcher`` and ``MaskBatch`` belong to the engine thread.
+``GrammarMatcher`` and ``MaskBatch`` (service/grammar_mask.py, re-exported
+here) belong to the engine thread.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance as llg
-import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from service import grammar_schema as gs
+from service.grammar_mask import MaskBatch
+
+__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarMatcher", "MaskBatch",
+           "validate_document"]
 
 KINDS = ("json_schema", "regex", "lark", "gbnf")
 MAX_RELAX_PASSES = 12
@@ -96,12 +100,24 @@ class GrammarMatcher:
     def __init__(self, matcher: llg.LLMatcher) -> None:
         self._m = matcher
 
+    @property
+    def ll_matcher(self) -> llg.LLMatcher:
+        """The underlying llguidance matcher (for MaskBatch's parallel mask computation)."""
+        return self._m
+
     def consume(self, token: int) -> None:
-        """Advance by ``token``; raises GrammarError if the grammar does not allow it."""
+        """Advance by ``token``; raises GrammarError if the grammar does not allow it.
+
+        Status "RESOURCE_EXHAUSTED" when a parser limit was hit, else "INTERNAL"
+        (the mask should have excluded the token).
+        """
         if not self._m.consume_token(token) or self._m.is_error():
-            err = self._m.get_error()
-            status = "RESOURCE_EXHAUSTED" if _status_of(err) == "RESOURCE_EXHAUSTED" else "INTERNAL"
-            raise GrammarError(status, f"token {token} not allowed by the grammar: {_short(err, 200)}")
+            msg = f"token {token} not allowed: {_short(self._m.get_error(), 200)}"
+            raise GrammarError(self._status(), msg)
+
+    def _status(self) -> str:
+        limit = _status_of(self._m.get_error()) == "RESOURCE_EXHAUSTED"
+        return "RESOURCE_EXHAUSTED" if limit else "INTERNAL"
 
     def validate(self, tokens: list[int]) -> int:
         """How many leading ``tokens`` the grammar would accept from here (nothing is consumed)."""
@@ -121,9 +137,17 @@ class GrammarMatcher:
         """The output so far is a complete match (EOS would be allowed)."""
         return bool(self._m.is_accepting())
 
-    def error(self) -> str | None:
-        """Why the matcher failed (e.g. a parser limit hit during a mask), or None."""
-        return _short(self._m.get_error()) if self._m.is_error() else None
+    def error(self) -> GrammarError | None:
+        """Why the matcher failed, or None.
+
+        NOTE: a parser limit can also be hit while *computing a mask*; the matcher then
+        fails and its mask row allows only end-of-generation tokens. Check this after
+        ``MaskBatch.fill_and_apply`` to fail the request (RESOURCE_EXHAUSTED) instead of
+        ending it as if the document were complete.
+        """
+        if not self._m.is_error():
+            return None
+        return GrammarError(self._status(), f"grammar matcher failed: {_short(self._m.get_error(), 200)}")
 
 
 class GrammarCompiler:
@@ -176,6 +200,10 @@ class GrammarCompiler:
             exc = GrammarError("RESOURCE_EXHAUSTED", f"{kind} compile exceeded {self.compile_timeout_s:g} s")
             self._fail(key, fut, exc)
             raise exc from None
+        except GrammarError as exc:
+            # NOTE: a fresh exception per caller; re-raising the cached instance from many
+            # threads would keep growing its shared traceback.
+            raise GrammarError(exc.status, str(exc)) from None
         return compiled, hit, (time.perf_counter() - t0) * 1000.0
 
     def _fail(self, key: tuple[str, str], fut: Future[CompiledGrammar], exc: GrammarError) -> None:
@@ -235,12 +263,11 @@ class GrammarCompiler:
             msg = proto.get_error()
             if _status_of(msg) == "RESOURCE_EXHAUSTED":
                 raise GrammarError("RESOURCE_EXHAUSTED", f"JSON Schema too complex: {_short(msg)}")
-            fix = gs.relax(work, msg)
-            if fix is None or (fix[0] == "" and options["coerce_one_of"]):
+            label = gs.relax(work, msg)
+            if label is None or (label == gs.ONE_OF and options["coerce_one_of"]):
                 raise GrammarError("INVALID_ARGUMENT", f"unsupported JSON Schema feature: {_short(msg)}")
-            if fix[0] == "":
-                options["coerce_one_of"] = True
-            approx.append(fix[0] or "oneOf->anyOf")
+            options["coerce_one_of"] |= label == gs.ONE_OF
+            approx.append(label)
         raise GrammarError("INVALID_ARGUMENT", f"JSON Schema needs too many approximations: {approx}")
 
 
@@ -249,50 +276,6 @@ def _gbnf(source: str) -> str:
         return gbnf_to_lark(source)
     except Exception as exc:  # GbnfToLarkError and parser failures on malformed input
         raise GrammarError("INVALID_ARGUMENT", f"GBNF syntax error: {_short(str(exc))}") from exc
-
-
-class MaskBatch:
-    """Per-step mask filling for the constrained rows of one decode step (engine thread only)."""
-
-    def __init__(self, ll_tokenizer: llg.LLTokenizer, n_vocab: int, max_rows: int, *,
-                 threads: int | None = None) -> None:
-        self.n_vocab = n_vocab
-        self.tok_vocab = min(int(ll_tokenizer.vocab_size), n_vocab)
-        self._words = (int(ll_tokenizer.vocab_size) + 31) // 32
-        self._exec = llg.LLExecutor(threads)
-        self._alloc(max(1, max_rows))
-
-    def _alloc(self, rows: int) -> None:
-        # NOTE: llguidance writes native-endian u32 words; '<i4' + little bit order below assume a
-        # little-endian host (x86-64, aarch64).
-        self._mask = np.zeros((rows, self._words), dtype="<i4")
-
-    def fill_and_apply(self, matchers: list[GrammarMatcher], logits: np.ndarray, rows: list[int]) -> float:
-        """Set ``logits[rows[i], t] = -inf`` for every token ``t`` that ``matchers[i]`` disallows.
-
-        Masks are computed in parallel outside the GIL by llguidance's LLExecutor;
-        columns beyond the tokenizer's vocabulary are always disallowed. The buffer
-        grows if more rows than ``max_rows`` arrive. Returns the mean microseconds
-        per row spent computing masks.
-        """
-        n = len(matchers)
-        if n == 0:
-            return 0.0
-        if n > self._mask.shape[0]:
-            self._alloc(n)
-        t0 = time.perf_counter()
-        self._exec.unsafe_compute_mask_ptr(
-            [(m._m, i) for i, m in enumerate(matchers)], self._mask.ctypes.data, self._words * 4,
-            self._mask.shape[0],
-        )
-        us = (time.perf_counter() - t0) * 1e6 / n
-        bits = np.unpackbits(self._mask[:n].view(np.uint8), axis=1, bitorder="little")[:, : self.tok_vocab]
-        banned = bits == 0
-        for i, r in enumerate(rows):
-            row = logits[r]
-            np.copyto(row[: self.tok_vocab], -np.inf, where=banned[i])
-            row[self.tok_vocab :] = -np.inf
-        return us
 
 
 def validate_document(compiled: CompiledGrammar, text: str) -> None:

@@ -22,6 +22,8 @@ class QueuePolicy:
     """Interface: ordering of waiting sequences and choice of preemption victims."""
 
     name = "base"
+    # Give a step to interactive work alone when an interactive request awaits its first token.
+    isolate_first_tokens = False
 
     def effective_tier(self, seq: Sequence, now: float) -> Priority:
         return Priority.INTERACTIVE
@@ -63,6 +65,7 @@ class PriorityPolicy(QueuePolicy):
     """Two tiers with aging; interactive work may preempt batch work."""
 
     name = "priority"
+    isolate_first_tokens = True
 
     def __init__(self, aging_s: float = 30.0) -> None:
         self.aging_s = aging_s

@@ -75,6 +75,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions: Counter[tuple[Priority, str]] = Counter()
+        self._isolated_last = False
 
     # -- requests ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -107,19 +108,39 @@ class Scheduler:
             self.waiting.remove(seq)
             self._finish(seq, FinishReason.CANCELLED)
         step = _StepBuilder(self, now)
-        tiered = sorted(self.running, key=lambda s: (self.policy.effective_tier(s, now), s.arrival))
-        for seq in [s for s in tiered if s.num_uncomputed <= DECODE_MAX_TOKENS]:
-            step.run(seq)
+        tier_of = self.policy.effective_tier
+        tiered = sorted(self.running, key=lambda s: (tier_of(s, now), s.arrival))
+        decoding = [s for s in tiered if s.num_uncomputed <= DECODE_MAX_TOKENS]
         prefilling = [s for s in tiered if s.num_uncomputed > DECODE_MAX_TOKENS]
+        tiers = (Priority.INTERACTIVE,) if self._isolate(prefilling, now) else tuple(Priority)
+        self._isolated_last = len(tiers) == 1
+        for seq in decoding:
+            if tier_of(seq, now) in tiers:
+                step.run(seq)
         queue = self.policy.order(self.waiting, now)
-        for tier in (Priority.INTERACTIVE, Priority.BATCH):
+        for tier in tiers:
             for seq in prefilling:
-                if self.policy.effective_tier(seq, now) == tier and seq in self.running:
+                if tier_of(seq, now) == tier:
                     step.run(seq)
             for seq in queue:
-                if self.policy.effective_tier(seq, now) == tier and not step.admit(seq):
+                if tier_of(seq, now) == tier and not step.admit(seq):
                     break
         return Plan(tuple(step.items.values()), tuple(step.preempted), expired, tuple(self.kv.take_ops()))
+
+    def _isolate(self, prefilling: list[Sequence], now: float) -> bool:
+        """Run this step for interactive work only? (An interactive request awaits its first token.)
+
+        NOTE: a step's duration grows with every sequence in it, and an
+        interactive request's first token has to wait for a whole step. Leaving
+        batch decodes out of that one step keeps interactive TTFT close to an idle
+        server's; never two isolated steps in a row, so batch work keeps moving.
+        """
+        if not self.policy.isolate_first_tokens or self._isolated_last:
+            return False
+        return any(
+            s.first_token_time is None and self.policy.effective_tier(s, now) is Priority.INTERACTIVE
+            for s in (*self.waiting, *prefilling)
+        )
 
     def preempt(self, victim: Sequence, reason: str) -> None:
         """Preempt by recompute: free the victim's KV, keep its tokens, queue it at the front."""

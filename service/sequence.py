@@ -110,6 +110,7 @@ class Sequence:
     out_tokens: list[int] = field(default_factory=list)
     out_text: str = ""
     error: str | None = None
+    error_status: str = "INTERNAL"
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -84,36 +84,36 @@ class OpenStream:
 
 
 class MarginRecorder:
-    """Engine logits hook: per request id, each sampled row's top-2 token ids and their logit gap."""
+    """Engine logits hook: per request id, each sampled row's 8 best tokens and their logits."""
 
     def __init__(self) -> None:
-        self.margins: dict[str, list[tuple[int, int, float]]] = {}
+        self.rows: dict[str, list[dict[int, float]]] = {}
 
     def __call__(self, seqs: list, logits: Any) -> None:
         import numpy as np
 
         for s, row in zip(seqs, logits, strict=True):
-            i2, i1 = np.argpartition(row, -2)[-2:]
-            if row[i2] > row[i1]:
-                i1, i2 = i2, i1
-            self.margins.setdefault(s.request_id, []).append((int(i1), int(i2), float(row[i1] - row[i2])))
+            top = np.argpartition(row, -8)[-8:]
+            self.rows.setdefault(s.request_id, []).append({int(t): float(row[t]) for t in top})
 
 
-def assert_same_greedy(reference: list[int], other: list[int], margins: list[tuple[int, int, float]],
+def assert_same_greedy(reference: list[int], other: list[int], rows: list[dict[int, float]],
                        tol: float = 0.5) -> None:
     """Token-for-token equality, except a divergence where the reference was a near-tie.
 
-    NOTE: batched and alone runs add floating-point terms in different orders
-    (different ubatch shapes), which moves logits by a few tenths at most. A
-    divergence is accepted only if the other run picked the reference's
-    runner-up token and the reference's top-2 gap was below ``tol``; cross-talk
-    between sequences would produce arbitrary tokens at arbitrary margins.
+    NOTE: llama.cpp's results depend slightly on batch shape and on which KV
+    cells are in use (summation order), moving logits by a few tenths at most.
+    A divergence is accepted only where the other run's token was, in the
+    reference run, among the best tokens and within ``tol`` of the top logit;
+    cross-talk between sequences would produce arbitrary tokens at arbitrary
+    margins. Only the first divergence is checked (after it the texts differ).
     """
     assert len(reference) == len(other)
     for k, (x, y) in enumerate(zip(reference, other, strict=True)):
         if x != y:
-            top1, top2, gap = margins[k]
-            assert top1 == x and y == top2 and gap < tol, (
-                f"token {k}: {x} vs {y}; reference top-2 {top1},{top2} gap {gap:.3f}"
+            best = rows[k]
+            top = max(best.values())
+            assert best.get(x) == top and y in best and top - best[y] < tol, (
+                f"token {k}: {x} vs {y}; reference logits {sorted(best.items(), key=lambda kv: -kv[1])[:3]}"
             )
             return

@@ -216,6 +216,8 @@ def summarize(results: list[dict[str, Any]], runtime_s: float, workers: int) -> 
     with_tests = [r for r in results if r["n"]]
     masks = [us for r in results if r["mask_us"] for us, _ in r["mask_us"]]
     applied = [us for r in results if r["mask_us"] for _, us in r["mask_us"]]
+    slowest = max(((us, r["id"], step) for r in results if r["mask_us"] for step, (us, _) in
+                   enumerate(r["mask_us"])), default=(0.0, "", 0))
     fr = [f for r in results for f in r["false_rejects"]]
     splits: dict[str, dict[str, int]] = {}
     for r in results:
@@ -243,7 +245,7 @@ def summarize(results: list[dict[str, Any]], runtime_s: float, workers: int) -> 
         "compile_ms": {"p50": _pct([r["compile_ms"] for r in results if r["compiled"]], 50),
                        "p99": _pct([r["compile_ms"] for r in results if r["compiled"]], 99)},
         "mask_us_per_token": {"n": len(masks), "p50": _pct(masks, 50), "p99": _pct(masks, 99),
-                              "max": round(max(masks), 1) if masks else 0.0},
+                              "max": round(slowest[0], 1), "max_at": f"{slowest[1]} step {slowest[2]}"},
         "fill_and_apply_us_per_token": {"p50": _pct(applied, 50), "p99": _pct(applied, 99)},
         "by_split": {k: dict(v) for k, v in sorted(splits.items())},
         "failing": {r["id"]: r["error"] or [f["cause"] for f in r["false_rejects"]] or "false accept"

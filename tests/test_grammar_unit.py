@@ -275,7 +275,8 @@ def test_matcher_free_choice_and_rejection(compiler: Any, vocab: Any) -> None:
     with pytest.raises(jg.GrammarError) as ei:
         m.consume(toks(vocab, "x")[0])
     assert ei.value.status == "INTERNAL" and "not allowed" in str(ei.value)
-    assert m.error() is not None and m.is_stopped()
+    err = m.error()
+    assert err is not None and err.status == "INTERNAL" and m.is_stopped()
 
 
 def test_matchers_are_independent(compiler: Any, vocab: Any) -> None:
@@ -315,6 +316,23 @@ def test_mask_batch_masks_constrained_rows_only(compiler: Any, vocab: Any, ll_to
     assert not np.isfinite(logits[2, toks(vocab, "yes")[0]])
     np.testing.assert_array_equal(logits[1], before[1])  # unconstrained rows are untouched
     np.testing.assert_array_equal(logits[3], before[3])
+
+
+def test_parser_limit_hit_while_masking(compiler: Any, vocab: Any, ll_tok: Any) -> None:
+    # A bounded-repetition pattern intersected with maxLength needs more lexer work per
+    # step than the limits allow: the matcher fails closed, its row allows only EOS.
+    schema = {"type": "string", "maxLength": 5000, "pattern": "^$|(^(?:\\S+\\s+){0,99}\\S+$)"}
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
+    m, batch = compiler.matcher(compiled), jg.MaskBatch(ll_tok, vocab.n_vocab, 1)
+    for t in toks(vocab, '"What is the primary function of the human brain'):
+        logits = np.zeros((1, vocab.n_vocab), dtype=np.float32)
+        batch.fill_and_apply([m], logits, [0])
+        if m.error() is not None:
+            break
+        m.consume(t)
+    err = m.error()
+    assert err is not None and err.status == "RESOURCE_EXHAUSTED", err
+    assert set(np.flatnonzero(np.isfinite(logits[0])).tolist()) <= set(vocab.eog_ids)
 
 
 def test_mask_after_progress_and_at_end(compiler: Any, vocab: Any, ll_tok: Any) -> None:

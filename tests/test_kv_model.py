@@ -30,7 +30,7 @@ def test_prefix_cache_hit_gives_same_output(server: RunningServer, channel: grpc
     assert warm.done.usage.cached_tokens % server.engine.kv.block_size == 0
     assert warm.done.usage.cached_tokens < warm.done.usage.prompt_tokens  # last token always computed
     assert other.done.usage.cached_tokens >= 64  # a different question reuses the shared system prompt
-    assert_same_greedy(cold.token_ids, warm.token_ids, rec.margins["cold"])
+    assert_same_greedy(cold.token_ids, warm.token_ids, rec.rows["cold"])
     assert_kv_clean(server)
 
 
@@ -72,7 +72,7 @@ def test_small_pool_preempts_and_everyone_matches_alone(small_pool: RunningServe
         t = together[rid]
         assert t.error is None and t.done is not None, t.error
         assert t.done.usage.completion_tokens == 140
-        assert_same_greedy(a.token_ids, t.token_ids, rec.margins[rid])
+        assert_same_greedy(a.token_ids, t.token_ids, rec.rows[rid])
     assert sum(r.done.preemptions for r in together.values()) == preempted
     assert_kv_clean(small_pool)
 

@@ -66,7 +66,7 @@ def test_interactive_preempts_full_batch_and_batch_output_is_unchanged(
     gained = eng.scheduler.preemptions - preempt_before
     assert gained[(pb.PRIORITY_BATCH - 1, "priority")] >= 1 or sum(gained.values()) >= 1
     for rid, ref in reference.items():
-        assert_same_greedy(ref.token_ids, results[rid], rec.margins[rid])
+        assert_same_greedy(ref.token_ids, results[rid], rec.rows[rid])
     assert_kv_clean(server)
 
 

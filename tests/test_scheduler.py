@@ -70,7 +70,7 @@ def test_victim_is_cheapest_batch_never_interactive() -> None:
 
 
 def test_budget_decodes_first_then_chunked_prefill() -> None:
-    sched, shadow = make(budget=16, max_running=5)
+    sched, shadow = make(budget=16, max_running=6)
     for i in range(3):
         sched.add(mkseq(f"d{i}", 3, max_tokens=50, base=i * 10))
     plan = sched.schedule()
@@ -86,7 +86,15 @@ def test_budget_decodes_first_then_chunked_prefill() -> None:
     sched.add(inter)
     plan = sched.schedule()
     sizes = {i.seq.request_id: i.num_tokens for i in plan.items}
-    assert sizes["inter"] == 6 and sizes["long"] == 16 - 3 - 6  # interactive prefill before batch prefill
+    # An interactive request awaiting its first token gets a step without batch work...
+    assert sizes == {"d0": 1, "d1": 1, "d2": 1, "inter": 6}
+    sched.update(plan, fake_forward(sched, shadow, plan))
+    later = mkseq("later", 6, base=300)
+    sched.add(later)
+    plan = sched.schedule()
+    sizes = {i.seq.request_id: i.num_tokens for i in plan.items}
+    # ...but never two in a row, and interactive prefill still goes before batch prefill.
+    assert sizes == {"d0": 1, "d1": 1, "d2": 1, "inter": 1, "later": 6, "long": 16 - 4 - 6}
 
 
 def test_preemption_when_running_cap_is_full_keeps_tokens() -> None:

@@ -1,0 +1,194 @@
+"""``python -m bench.run [--quick] [--only A,B,...] [--model PATH] [--threads N]``: the benchmark suite.
+
+Scenarios (each starts its own server subprocesses and stops them):
+
+  A throughput        continuous batcher vs --max-running 1 vs raw engine vs llama_cpp.server
+  B kv_memory         shared KV pool vs the naive 8 x 4096 reservation
+  C prefix_reuse      cold vs warm TTFT of a ~1,100-token shared prefix
+  D many_prefixes     32 system prompts round-robin: prefix hit rate vs --no-prefix-cache
+  E priority          interactive TTFT and batch throughput under mixed load, priority vs fcfs
+  F structured_output GenerateJSON vs unconstrained generation of the same length
+  G tracing           tracing overhead (bench/bench_tracing.py, when present)
+
+Results: ``bench/results/<name>.json`` per scenario and ``bench/results/summary.md``;
+server logs in ``bench/results/logs/``. ``--quick`` runs tiny loads (seconds per
+scenario, for checking the harness) into ``bench/results/quick/`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.common import (
+    DEFAULT_MODEL,
+    RESULTS,
+    BenchConfig,
+    machine_info,
+    results_dir,
+    say,
+    set_results_dir,
+    write_result,
+)
+
+
+class Skipped(Exception):
+    """The scenario cannot run here (the reason is recorded, the suite goes on)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    name: str
+    title: str
+    run: Callable[[BenchConfig], dict[str, Any]]
+    full_estimate_s: int  # expected duration of the full (non-quick) run on a quiet 2-core machine
+
+
+def _throughput(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_throughput
+
+    return s_throughput.run(cfg)
+
+
+def _memory(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_memory
+
+    return s_memory.run(cfg)
+
+
+def _cold_warm(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_prefix
+
+    return s_prefix.run_cold_warm(cfg)
+
+
+def _many_prefixes(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_prefix
+
+    return s_prefix.run_many_prefixes(cfg)
+
+
+def _priority(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_priority
+
+    return s_priority.run(cfg)
+
+
+def _structured(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_structured
+
+    out = s_structured.run(cfg)
+    if "skipped" in out:
+        raise Skipped(out["skipped"])
+    return out
+
+
+def _tracing(cfg: BenchConfig) -> dict[str, Any]:
+    try:
+        mod = importlib.import_module("bench.bench_tracing")
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench.bench_tracing":
+            raise
+        raise Skipped("bench/bench_tracing.py is not there yet") from exc
+    out: dict[str, Any] = {}
+    mod.run(str(cfg.model), out, quick=cfg.quick)
+    return out
+
+
+SCENARIOS = [
+    Scenario("A", "throughput", "Throughput: continuous batching vs sequential vs raw engine vs "
+             "llama_cpp.server", _throughput, 420),
+    Scenario("B", "kv_memory", "KV memory: shared block pool vs naive per-request reservation", _memory, 120),
+    Scenario("C", "prefix_reuse", "Prefix reuse: cold vs warm TTFT", _cold_warm, 60),
+    Scenario("D", "many_prefixes", "Many prefixes: 32 system prompts round-robin", _many_prefixes, 150),
+    Scenario("E", "priority", "Mixed priority load: interactive latency and batch throughput", _priority,
+             420),
+    Scenario("F", "structured_output", "Structured output overhead", _structured, 90),
+    Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
+]
+
+
+def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
+    say(f"\n== {sc.key}. {sc.title}" + (" [quick]" if cfg.quick else ""))
+    doc: dict[str, Any] = {"scenario": sc.key, "name": sc.name, "title": sc.title,
+                           "machine": machine_info(cfg.model, cfg.quick) | {"threads": cfg.server_threads()}}
+    t0 = time.monotonic()
+    try:
+        doc["results"] = sc.run(cfg)
+        doc["status"] = "ok"
+    except Skipped as exc:
+        doc.update(status="skipped", skipped=str(exc))
+        say(f"  skipped: {exc}")
+    except Exception as exc:
+        doc.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        say(f"  FAILED: {type(exc).__name__}: {exc}")
+    doc["elapsed_s"] = round(time.monotonic() - t0, 1)
+    path = write_result(sc.name, doc)
+    say(f"  -> {path.relative_to(RESULTS.parents[1])} ({doc['elapsed_s']:.0f} s)")
+    return doc
+
+
+def write_summary() -> Path:
+    files = sorted(p for p in results_dir().glob("*.json")
+                   if json.loads(p.read_text()).get("scenario") in {s.key for s in SCENARIOS})
+    path = results_dir() / "summary.md"
+    path.write_text(report.render_summary(files))
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny loads (seconds) to check the harness")
+    ap.add_argument("--only", default="", help="comma-separated scenario letters, e.g. A,C")
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="GGUF model (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="llama.cpp threads of every server and the raw engine (default: all cores)")
+    ap.add_argument("--summary-only", action="store_true", help="only rebuild summary.md from the JSON files")
+    return ap.parse_args(argv)
+
+
+def select(only: str) -> list[Scenario]:
+    if not only:
+        return SCENARIOS
+    keys = {k.strip().upper() for k in only.split(",") if k.strip()}
+    unknown = keys - {s.key for s in SCENARIOS}
+    if unknown:
+        sys.exit(f"unknown scenario(s): {', '.join(sorted(unknown))}; choose from A-G")
+    return [s for s in SCENARIOS if s.key in keys]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        set_results_dir(RESULTS / "quick")
+    if args.summary_only:
+        say(f"wrote {write_summary()}")
+        return 0
+    if not args.model.is_file():
+        sys.exit(f"model {args.model} not found: run `make bench-model`")
+    cfg = BenchConfig(model=args.model.resolve(), quick=args.quick, threads=args.threads)
+    chosen = select(args.only)
+    if not args.quick:
+        est = sum(s.full_estimate_s for s in chosen)
+        say(f"running {', '.join(s.key for s in chosen)}: about {est // 60} min on a quiet 2-core machine")
+    t0 = time.monotonic()
+    docs = [run_one(sc, cfg) for sc in chosen]
+    summary = write_summary()
+    say(f"\n{summary.read_text()}")
+    say(f"wrote {summary} after {(time.monotonic() - t0) / 60:.1f} min")
+    return 1 if any(d["status"] == "error" for d in docs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

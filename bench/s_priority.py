@@ -1,0 +1,189 @@
+"""Scenario E — mixed priority load: interactive latency under batch load, batch throughput kept.
+
+N closed-loop batch streams (PRIORITY_BATCH, 256 tokens each, ignore_eos)
+run for a ramp plus a measured window; interactive requests (64 tokens)
+arrive every 500 ms (open loop) during the window. Batch throughput counts the
+batch tokens received inside the window; at its end the batch streams are
+cancelled. Runs: interactive alone on an idle server, batch alone, and both
+together with ``--scheduling priority`` and with ``--scheduling fcfs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from bench.common import BenchConfig, latency_summary, ratio, say
+from bench.grpc_load import BATCH, INTERACTIVE, ReqResult, Stream, channel, get_metrics
+from bench.procs import GrpcServer
+from bench.prompts import PromptMaker
+
+
+@dataclass(frozen=True)
+class Load:
+    batch_streams: tuple[int, ...]
+    batch_tokens: int
+    interactive_tokens: int
+    interval_s: float
+    ramp_s: float
+    window_s: float
+    idle_window_s: float
+
+
+FULL = Load((16, 32), 256, 64, 0.5, 5.0, 40.0, 20.0)
+QUICK = Load((4,), 32, 16, 0.5, 2.0, 6.0, 4.0)
+CTX = 16384  # room for 32 x (prompt + 256) tokens: KV pressure is not what this scenario measures
+
+
+class WindowMeter:
+    """Counts tokens that arrive between ``start`` and ``end`` (perf_counter times)."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end, self.tokens = start, end, 0
+
+    def add(self, n: int, at: float) -> None:
+        if self.start <= at <= self.end:
+            self.tokens += n
+
+
+async def _batch_client(ch: grpc.aio.Channel, prompts: list[str], load: Load, meter: WindowMeter) -> int:
+    stream = Stream(ch, on_tokens=meter.add)
+    done = 0
+
+    async def loop() -> None:
+        nonlocal done
+        i = 0
+        while True:
+            res = await stream.request(prompts[i % len(prompts)], load.batch_tokens, BATCH)
+            done += res.ok
+            i += 1
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(max(0.0, meter.end - time.perf_counter()))
+    task.cancel()
+    stream.abort()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return done
+
+
+async def _interactive(ch: grpc.aio.Channel, prompts: list[str], load: Load, start: float, end: float
+                       ) -> list[ReqResult]:
+    stream = Stream(ch)
+    tasks = []
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))
+    i = 0
+    while time.perf_counter() < end - 1.0:
+        tasks.append(asyncio.create_task(stream.request(prompts[i % len(prompts)], load.interactive_tokens,
+                                                        INTERACTIVE)))
+        i += 1
+        await asyncio.sleep(max(0.0, start + i * load.interval_s - time.perf_counter()))
+    results = list(await asyncio.gather(*tasks))
+    await stream.close()
+    return results
+
+
+async def _wait_idle(ch: grpc.aio.Channel, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        m = await get_metrics(ch)
+        if m.running == 0 and m.waiting == 0:
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _one_run(target: str, n_batch: int, with_interactive: bool, load: Load, maker: PromptMaker,
+                   window_s: float) -> dict[str, Any]:
+    async with channel(target) as ch:
+        await _wait_idle(ch)
+        m0 = await get_metrics(ch)
+        batch_prompts = [maker.unique(8, 30, 60) for _ in range(n_batch)]
+        inter_prompts = maker.unique(64, 30, 60)
+        start = time.perf_counter() + (load.ramp_s if n_batch else 0.5)
+        meter = WindowMeter(start, start + window_s)
+        batch = [asyncio.create_task(_batch_client(ch, p, load, meter)) for p in batch_prompts]
+        inter: list[ReqResult] = []
+        if with_interactive:
+            inter = await _interactive(ch, inter_prompts, load, start, meter.end)
+        completed = sum(await asyncio.gather(*batch))
+        await _wait_idle(ch)
+        m1 = await get_metrics(ch)
+    ok = [r for r in inter if r.ok]
+    return {
+        "batch_streams": n_batch, "window_s": window_s,
+        "batch_tokens_in_window": meter.tokens, "batch_tok_s": meter.tokens / window_s if n_batch else None,
+        "batch_requests_completed": completed,
+        "interactive_requests": len(inter), "interactive_failed": len(inter) - len(ok),
+        "interactive_ttft": latency_summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+        "interactive_server_ttft": latency_summary([r.server_ttft_ms for r in ok]),
+        "preemptions": dict(m1.preemptions_by_reason),
+        "preemptions_delta": m1.preemptions_total - m0.preemptions_total,
+    }
+
+
+def _show(label: str, row: dict[str, Any]) -> None:
+    t = row["interactive_ttft"]
+    parts = [f"  {label}:"]
+    if row["interactive_requests"]:
+        parts.append(f"interactive TTFT p50 {t['p50_ms']:.0f} ms p99 {t['p99_ms']:.0f} ms "
+                     f"(n={t['n']}, {row['interactive_failed']} failed);")
+    if row["batch_tok_s"] is not None:
+        parts.append(f"batch {row['batch_tok_s']:.1f} tok/s;")
+    parts.append(f"preemptions {row['preemptions_delta']}")
+    say(" ".join(parts))
+
+
+def _server_runs(cfg: BenchConfig, policy: str, load: Load, maker: PromptMaker) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    flags = ["--scheduling", policy, "--ctx", str(CTX), "--max-running", "32"]
+    with GrpcServer(f"E-{policy}", cfg.model, *flags, threads=cfg.threads) as srv:
+        plan: list[tuple[str, int, bool, float]] = []
+        if policy == "priority":
+            plan.append(("idle", 0, True, load.idle_window_s))
+        for n in load.batch_streams:
+            if policy == "priority":
+                plan.append((f"batch_only_{n}", n, False, load.window_s))
+            plan.append((f"loaded_{n}", n, True, load.window_s))
+        for label, n, inter, window in plan:
+            out[label] = asyncio.run(_one_run(srv.target, n, inter, load, maker, window))
+            _show(f"{policy} {label}", out[label])
+    return out
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    load = QUICK if cfg.quick else FULL
+    maker = PromptMaker(cfg.model, seed=555)
+    out: dict[str, Any] = {"load": load.__dict__, "ctx": CTX}
+    out["priority"] = _server_runs(cfg, "priority", load, maker)
+    out["fcfs"] = _server_runs(cfg, "fcfs", load, maker)
+    idle_p99 = out["priority"]["idle"]["interactive_ttft"]["p99_ms"]
+    checks: dict[str, Any] = {}
+    for n in load.batch_streams:
+        pri, fcfs = out["priority"][f"loaded_{n}"], out["fcfs"][f"loaded_{n}"]
+        alone = out["priority"][f"batch_only_{n}"]["batch_tok_s"]
+        p99 = pri["interactive_ttft"]["p99_ms"]
+        checks[str(n)] = {
+            "interactive_p99_loaded_ms": p99, "interactive_p99_idle_ms": idle_p99,
+            "p99_vs_idle": ratio(p99, idle_p99),
+            "fcfs_interactive_p99_ms": fcfs["interactive_ttft"]["p99_ms"],
+            "batch_tok_s_alone": alone, "batch_tok_s_priority": pri["batch_tok_s"],
+            "batch_tok_s_fcfs": fcfs["batch_tok_s"],
+            "batch_loss_pct_priority": _loss(pri["batch_tok_s"], alone),
+            "batch_loss_pct_fcfs": _loss(fcfs["batch_tok_s"], alone),
+        }
+        c = checks[str(n)]
+        say(f"  N={n}: interactive p99 {p99:.0f} ms = {c['p99_vs_idle'] or 0:.2f}x idle; batch loss "
+            f"{c['batch_loss_pct_priority'] or 0:.1f}% (priority), "
+            f"{c['batch_loss_pct_fcfs'] or 0:.1f}% (fcfs)")
+    out["checks"] = checks
+    return out
+
+
+def _loss(loaded: float | None, alone: float | None) -> float | None:
+    r = ratio(loaded, alone)
+    return None if r is None else (1.0 - r) * 100.0
