@@ -64,6 +64,7 @@ def receiver() -> Iterator[tuple[Receiver, int]]:
 @contextlib.contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Set (or, with None, remove) environment variables for the duration (subprocesses inherit them)."""
+
     def apply(items: dict[str, str | None]) -> None:
         for k, v in items.items():
             if v is None:
@@ -148,23 +149,27 @@ def run(model_path: str, out: dict, quick: bool = False) -> dict:
         spans = rec.spans
     median = {k: statistics.median(t["tok_s"] for t in v) for k, v in trials.items()}
     requests = sum(t["completed"] for t in trials["on"])
-    out.update({
-        "load": load,
-        "tok_s_off": median["off"],
-        "tok_s_on": median["on"],
-        "overhead_pct": (median["off"] - median["on"]) / median["off"] * 100.0,
-        "trials_tok_s": {k: [round(t["tok_s"], 2) for t in v] for k, v in trials.items()},
-        "failed_requests": sum(t["failed"] for v in trials.values() for t in v),
-        "spans_exported": spans,
-        "spans_expected_min": requests,
-        "hook_us_per_request": hook_cost_us(200 if quick else 2000),
-        "target_overhead_pct": 1.0,
-    })
+    out.update(
+        {
+            "load": load,
+            "tok_s_off": median["off"],
+            "tok_s_on": median["on"],
+            "overhead_pct": (median["off"] - median["on"]) / median["off"] * 100.0,
+            "trials_tok_s": {k: [round(t["tok_s"], 2) for t in v] for k, v in trials.items()},
+            "failed_requests": sum(t["failed"] for v in trials.values() for t in v),
+            "spans_exported": spans,
+            "spans_expected_min": requests,
+            "hook_us_per_request": hook_cost_us(200 if quick else 2000),
+            "target_overhead_pct": 1.0,
+        }
+    )
     if quick:
         out["note"] = "quick: one short trial per side; the overhead figure is noise, not a measurement"
-    say(f"  tracing off {median['off']:.1f} tok/s, on {median['on']:.1f} tok/s: "
+    say(
+        f"  tracing off {median['off']:.1f} tok/s, on {median['on']:.1f} tok/s: "
         f"overhead {out['overhead_pct']:+.2f}% ({spans} spans exported); hooks "
-        f"{out['hook_us_per_request']:.0f} us/request")
+        f"{out['hook_us_per_request']:.0f} us/request"
+    )
     return out
 
 

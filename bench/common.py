@@ -97,8 +97,12 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def latency_summary(values_ms: list[float]) -> dict[str, float | int | None]:
-    return {"n": len(values_ms), "p50_ms": pct(values_ms, 50), "p99_ms": pct(values_ms, 99),
-            "mean_ms": float(np.mean(values_ms)) if values_ms else None}
+    return {
+        "n": len(values_ms),
+        "p50_ms": pct(values_ms, 50),
+        "p99_ms": pct(values_ms, 99),
+        "mean_ms": float(np.mean(values_ms)) if values_ms else None,
+    }
 
 
 def ratio(num: float | None, den: float | None) -> float | None:

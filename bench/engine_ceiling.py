@@ -47,9 +47,14 @@ def measure(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[s
     decode_s = time.perf_counter() - t0
     runner.clear_kv()
     return {
-        "batch": b, "steps": steps, "tokens": b * steps, "prefill_tokens": sum(map(len, prompts)),
-        "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
-        "tok_s": b * steps / decode_s, "step_ms": decode_s / steps * 1000.0,
+        "batch": b,
+        "steps": steps,
+        "tokens": b * steps,
+        "prefill_tokens": sum(map(len, prompts)),
+        "prefill_s": round(prefill_s, 4),
+        "decode_s": round(decode_s, 4),
+        "tok_s": b * steps / decode_s,
+        "step_ms": decode_s / steps * 1000.0,
     }
 
 

@@ -26,6 +26,7 @@ INTERACTIVE = pb.PRIORITY_INTERACTIVE
 BATCH = pb.PRIORITY_BATCH
 _ids = itertools.count()
 TokenSink = Callable[[int, float], None]
+REQUEST_TIMEOUT_S = 600.0  # a stalled server fails the request instead of hanging the suite
 
 
 @dataclass
@@ -96,8 +97,18 @@ class Stream:
         ttft = (st[1] - st[0]) * 1000.0 if st[1] is not None else None
         if kind == "done":
             d = msg.done
-            res = ReqResult(True, st[0], now, ttft, st[2], d.usage.prompt_tokens, d.usage.cached_tokens,
-                            d.preemptions, d.timing.ttft_ms, pb.FinishReason.Name(d.finish_reason))
+            res = ReqResult(
+                True,
+                st[0],
+                now,
+                ttft,
+                st[2],
+                d.usage.prompt_tokens,
+                d.usage.cached_tokens,
+                d.preemptions,
+                d.timing.ttft_ms,
+                pb.FinishReason.Name(d.finish_reason),
+            )
         else:
             res = ReqResult(False, st[0], now, ttft, st[2], error=f"{msg.error.status}: {msg.error.message}")
         if not fut.done():
@@ -115,7 +126,14 @@ class Stream:
         fut: asyncio.Future[ReqResult] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, [time.perf_counter(), None, 0])
         await self._call.write(gen_request(rid, prompt, max_tokens, priority))
-        return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            start = self._pending.pop(rid, (fut, [time.perf_counter(), None, 0]))[1]
+            now = time.perf_counter()
+            return ReqResult(
+                False, start[0], now, None, start[2], error=f"no answer in {REQUEST_TIMEOUT_S:.0f} s"
+            )
 
     def abort(self) -> None:
         """Cancel the stream: the server aborts its in-flight requests, which end as failed here."""
@@ -134,7 +152,10 @@ async def get_metrics(channel: grpc.aio.Channel) -> pb.GetMetricsResponse:
 
 
 async def closed_loop(
-    channel: grpc.aio.Channel, prompts: Sequence[Sequence[str]], max_tokens: int, priority: int = INTERACTIVE,
+    channel: grpc.aio.Channel,
+    prompts: Sequence[Sequence[str]],
+    max_tokens: int,
+    priority: int = INTERACTIVE,
     until: float | None = None,
 ) -> list[ReqResult]:
     """One client per entry of ``prompts``; each sends its prompts one after another.

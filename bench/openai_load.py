@@ -21,7 +21,10 @@ from bench.grpc_load import ReqResult
 
 async def _one(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> ReqResult:
     body = {
-        "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "temperature": 0.0,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "temperature": 0.0,
         "stream": True,
     }
     start = time.perf_counter()
@@ -54,7 +57,7 @@ async def _one(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> ReqRe
 async def closed_loop(base_url: str, prompts: Sequence[Sequence[str]], max_tokens: int) -> list[ReqResult]:
     """One client per entry of ``prompts``; each sends its prompts one after another."""
     limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=len(prompts) + 4)
-    timeout = httpx.Timeout(connect=30.0, read=1800.0, write=30.0, pool=1800.0)
+    timeout = httpx.Timeout(connect=30.0, read=600.0, write=30.0, pool=1800.0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
 
         async def one_client(mine: Sequence[str]) -> list[ReqResult]:

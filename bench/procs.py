@@ -166,12 +166,25 @@ class LlamaCppServer(_Process):
 
     def __init__(self, label: str, model: str | Path, n_ctx: int = 4096, threads: int = 2) -> None:
         argv = [
-            PYTHON, "-m", "llama_cpp.server", "--model", str(model),
-            "--host", "127.0.0.1", "--port", "{port}",
-            "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+            PYTHON,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--n_ctx",
+            str(n_ctx),
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
             # NOTE: the default (True) aborts the streaming request whenever another one
             # arrives; off, concurrent requests queue on the server's lock and all complete.
-            "--interrupt_requests", "False",
+            "--interrupt_requests",
+            "False",
         ]
         super().__init__(label, argv)
 
@@ -189,4 +202,3 @@ class LlamaCppServer(_Process):
     def __enter__(self) -> LlamaCppServer:
         self.start()
         return self
-

@@ -49,20 +49,49 @@ def render_a(r: dict[str, Any]) -> str:
     for c in levels:
         b, s = _g(r, "batcher", "levels", c) or {}, _g(r, "sequential", "levels", c) or {}
         raw, peer = _g(r, "raw", "levels", c) or {}, _g(r, "llama_cpp_server", "levels", c) or {}
-        rows.append([
-            c, fmt(b.get("tok_s")), fmt(b.get("req_s"), 2), fmt(_g(b, "ttft", "p50_ms"), 0),
-            fmt(_g(b, "ttft", "p99_ms"), 0), fmt(b.get("mean_batch_size")),
-            fmt(s.get("tok_s")), fmt(s.get("req_s"), 2), fmt(_g(s, "ttft", "p50_ms"), 0),
-            fmt(_g(s, "ttft", "p99_ms"), 0), fmt(raw.get("tok_s")),
-            fmt(peer.get("tok_s")), fmt(_g(peer, "ttft", "p50_ms"), 0), fmt(_g(peer, "ttft", "p99_ms"), 0),
-        ])
-    head = ["C (=B)", "batcher tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "mean batch",
-            "sequential tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "raw engine tok/s (B=C)",
-            "llama_cpp.server tok/s", "TTFT p50 ms", "TTFT p99 ms"]
-    out = [f"{sum(int(c) * n for c, n in r['loads'].items())} requests per server over C in "
-           f"{', '.join(levels)}; unique {r['prompt_tokens']}-token prompts, {r['max_tokens']} greedy "
-           "tokens each (ignore_eos); closed loop. Raw engine = ModelRunner decode loop with no server "
-           "(decode steps only).", "", table(head, rows), ""]
+        rows.append(
+            [
+                c,
+                fmt(b.get("tok_s")),
+                fmt(b.get("req_s"), 2),
+                fmt(_g(b, "ttft", "p50_ms"), 0),
+                fmt(_g(b, "ttft", "p99_ms"), 0),
+                fmt(b.get("mean_batch_size")),
+                fmt(s.get("tok_s")),
+                fmt(s.get("req_s"), 2),
+                fmt(_g(s, "ttft", "p50_ms"), 0),
+                fmt(_g(s, "ttft", "p99_ms"), 0),
+                fmt(raw.get("tok_s")),
+                fmt(peer.get("tok_s")),
+                fmt(_g(peer, "ttft", "p50_ms"), 0),
+                fmt(_g(peer, "ttft", "p99_ms"), 0),
+            ]
+        )
+    head = [
+        "C (=B)",
+        "batcher tok/s",
+        "req/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "mean batch",
+        "sequential tok/s",
+        "req/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "raw engine tok/s (B=C)",
+        "llama_cpp.server tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+    ]
+    out = [
+        f"{sum(int(c) * n for c, n in r['loads'].items())} requests per server over C in "
+        f"{', '.join(levels)}; unique {r['prompt_tokens']}-token prompts, {r['max_tokens']} greedy "
+        "tokens each (ignore_eos); closed loop. Raw engine = ModelRunner decode loop with no server "
+        "(decode steps only).",
+        "",
+        table(head, rows),
+        "",
+    ]
     targets = {"batcher_vs_sequential": (2.5, "x"), "batcher_vs_raw": (0.9, "")}
     for key, value in r.get("ratios", {}).items():
         base = key.rsplit("_", 1)[0]
@@ -88,25 +117,48 @@ def render_b(r: dict[str, Any]) -> str:
     rows = []
     for label, key in (("ours (shared pool)", "ours"), ("naive (8 x 4096)", "naive")):
         x = r[key]
-        rows.append([label, str(x["ctx"]), _mib(x["kv_buffer_bytes"]), _mib(x["rss_idle_bytes"]),
-                     _mib(x["rss_peak_bytes"]), f"{x['peak_blocks_used']}/{x['blocks_total']}",
-                     _mib(x["peak_blocks_used"] * x["bytes_per_block"]),
-                     f"{x['completed']}/{x['requests']}", str(x["preemptions"])])
-    head = ["server", "--ctx", "KV buffer MiB", "RSS idle MiB", "RSS peak MiB", "peak blocks used",
-            "peak KV in use MiB", "completed", "preemptions"]
+        rows.append(
+            [
+                label,
+                str(x["ctx"]),
+                _mib(x["kv_buffer_bytes"]),
+                _mib(x["rss_idle_bytes"]),
+                _mib(x["rss_peak_bytes"]),
+                f"{x['peak_blocks_used']}/{x['blocks_total']}",
+                _mib(x["peak_blocks_used"] * x["bytes_per_block"]),
+                f"{x['completed']}/{x['requests']}",
+                str(x["preemptions"]),
+            ]
+        )
+    head = [
+        "server",
+        "--ctx",
+        "KV buffer MiB",
+        "RSS idle MiB",
+        "RSS peak MiB",
+        "peak blocks used",
+        "peak KV in use MiB",
+        "completed",
+        "preemptions",
+    ]
     less = r["pct_less_kv_buffer"]
-    return "\n".join([
-        f"{r['clients']} concurrent requests, prompts {min(r['prompt_tokens'])}-{max(r['prompt_tokens'])} "
-        f"tokens, outputs {min(r['max_tokens'])}-{max(r['max_tokens'])} tokens (ignore_eos), up to "
-        f"{r['per_request_context']} tokens of context each.", "", table(head, rows), "",
-        f"- KV buffer allocated: **{fmt(less)}% less** than the naive layout "
-        f"(target >= 80%: {verdict(less, 80)})",
-        f"- Peak KV in use ({_mib(r['kv_bytes_peak_in_use'])} MiB) vs naive reservation "
-        f"({_mib(r['kv_bytes_naive_layout'])} MiB): {fmt(r['pct_less_peak_in_use_vs_naive'])}% less",
-        f"- Process RSS peak: {fmt(r['pct_less_rss_peak'])}% less "
-        f"({_mib(r['rss_peak_saved_bytes'])} MiB saved; RSS includes weights and runtime)",
-        f"- All requests completed on both servers: {'yes' if r['all_completed'] else 'NO'}",
-    ])
+    return "\n".join(
+        [
+            f"{r['clients']} concurrent requests, prompts {min(r['prompt_tokens'])}-{max(r['prompt_tokens'])} "
+            f"tokens, outputs {min(r['max_tokens'])}-{max(r['max_tokens'])} tokens (ignore_eos), up to "
+            f"{r['per_request_context']} tokens of context each.",
+            "",
+            table(head, rows),
+            "",
+            f"- KV buffer allocated: **{fmt(less)}% less** than the naive layout "
+            f"(target >= 80%: {verdict(less, 80)})",
+            f"- Peak KV in use ({_mib(r['kv_bytes_peak_in_use'])} MiB) vs naive reservation "
+            f"({_mib(r['kv_bytes_naive_layout'])} MiB): {fmt(r['pct_less_peak_in_use_vs_naive'])}% less",
+            f"- Process RSS peak: {fmt(r['pct_less_rss_peak'])}% less "
+            f"({_mib(r['rss_peak_saved_bytes'])} MiB saved; RSS includes weights and runtime)",
+            f"- All requests completed on both servers: {'yes' if r['all_completed'] else 'NO'}",
+        ]
+    )
 
 
 # -- C, D -----------------------------------------------------------------------------------------
@@ -115,16 +167,28 @@ def render_c(r: dict[str, Any]) -> str:
     for label in ("prefix_cache", "no_prefix_cache"):
         x = r[label]
         cached = [p["warm_cached_tokens"] for p in x["pairs"]]
-        rows.append([label.replace("_", " "), fmt(x["cold_ttft_p50_ms"], 0), fmt(x["warm_ttft_p50_ms"], 1),
-                     fmt(x["reduction_pct"]) + "%", f"{min(cached)}-{max(cached)}" if cached else "-"])
+        rows.append(
+            [
+                label.replace("_", " "),
+                fmt(x["cold_ttft_p50_ms"], 0),
+                fmt(x["warm_ttft_p50_ms"], 1),
+                fmt(x["reduction_pct"]) + "%",
+                f"{min(cached)}-{max(cached)}" if cached else "-",
+            ]
+        )
     red = r["prefix_cache"]["reduction_pct"]
-    return "\n".join([
-        f"{r['prefixes']} different ~{r['prefix_tokens']}-token prefixes, each sent twice with a distinct "
-        f"8-word suffix; {r['max_tokens']} output tokens; client-side TTFT medians.", "",
-        table(["server", "cold TTFT p50 ms", "warm TTFT p50 ms", "reduction", "warm cached tokens"], rows),
-        "",
-        f"- Warm vs cold TTFT: **{fmt(red)}% less** (target >= 98%: {verdict(red, 98)})",
-    ])
+    return "\n".join(
+        [
+            f"{r['prefixes']} different ~{r['prefix_tokens']}-token prefixes, each sent twice with a distinct "
+            f"8-word suffix; {r['max_tokens']} output tokens; client-side TTFT medians.",
+            "",
+            table(
+                ["server", "cold TTFT p50 ms", "warm TTFT p50 ms", "reduction", "warm cached tokens"], rows
+            ),
+            "",
+            f"- Warm vs cold TTFT: **{fmt(red)}% less** (target >= 98%: {verdict(red, 98)})",
+        ]
+    )
 
 
 def render_d(r: dict[str, Any]) -> str:
@@ -132,23 +196,41 @@ def render_d(r: dict[str, Any]) -> str:
     for label in ("prefix_cache", "no_prefix_cache"):
         x = r[label]
         rate = x.get("prefix_hit_rate")
-        rows.append([label.replace("_", " "), "-" if rate is None else f"{rate * 100:.1f}%",
-                     fmt(_g(x, "ttft", "p50_ms"), 0), fmt(_g(x, "ttft", "p99_ms"), 0),
-                     fmt(_g(x, "first_pass", "ttft", "p50_ms"), 0), fmt(x.get("tok_s")),
-                     f"{x['completed']}/{x['requests']}"])
+        rows.append(
+            [
+                label.replace("_", " "),
+                "-" if rate is None else f"{rate * 100:.1f}%",
+                fmt(_g(x, "ttft", "p50_ms"), 0),
+                fmt(_g(x, "ttft", "p99_ms"), 0),
+                fmt(_g(x, "first_pass", "ttft", "p50_ms"), 0),
+                fmt(x.get("tok_s")),
+                f"{x['completed']}/{x['requests']}",
+            ]
+        )
     rate = r["prefix_cache"].get("prefix_hit_rate")
-    head = ["server", "prefix hit rate", "TTFT p50 ms", "TTFT p99 ms", "first-pass TTFT p50 ms", "tok/s",
-            "completed"]
-    return "\n".join([
-        f"{r['system_prompts']} distinct ~{r['system_prompt_tokens']}-token system prompts, round-robin, "
-        f"{r['clients']} concurrent clients, --ctx {r['ctx']}; one pass fills the cache, then "
-        f"{r['measured_requests']} measured requests ({r['max_tokens']} output tokens).", "",
-        table(head, rows), "",
-        f"- Prefix hit rate (GetMetrics kv counters over the measured requests): "
-        f"**{'-' if rate is None else f'{rate * 100:.1f}%'}** (target >= 90%: "
-        f"{verdict(None if rate is None else rate * 100, 90)})",
-        f"- Slot-style baseline: {r['slot_baseline_note']}",
-    ])
+    head = [
+        "server",
+        "prefix hit rate",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "first-pass TTFT p50 ms",
+        "tok/s",
+        "completed",
+    ]
+    return "\n".join(
+        [
+            f"{r['system_prompts']} distinct ~{r['system_prompt_tokens']}-token system prompts, round-robin, "
+            f"{r['clients']} concurrent clients, --ctx {r['ctx']}; one pass fills the cache, then "
+            f"{r['measured_requests']} measured requests ({r['max_tokens']} output tokens).",
+            "",
+            table(head, rows),
+            "",
+            f"- Prefix hit rate (GetMetrics kv counters over the measured requests): "
+            f"**{'-' if rate is None else f'{rate * 100:.1f}%'}** (target >= 90%: "
+            f"{verdict(None if rate is None else rate * 100, 90)})",
+            f"- Slot-style baseline: {r['slot_baseline_note']}",
+        ]
+    )
 
 
 # -- E --------------------------------------------------------------------------------------------
@@ -157,16 +239,42 @@ def render_e(r: dict[str, Any]) -> str:
     for policy in ("priority", "fcfs"):
         for label, x in r.get(policy, {}).items():
             t = x["interactive_ttft"]
-            rows.append([policy, label.replace("_", " "), str(x["batch_streams"]),
-                         fmt(t["p50_ms"], 0), fmt(t["p99_ms"], 0), str(t["n"]),
-                         fmt(x["batch_tok_s"]), str(x["preemptions_delta"])])
-    head = ["scheduling", "run", "batch streams", "interactive TTFT p50 ms", "p99 ms", "n", "batch tok/s",
-            "preemptions"]
+            rows.append(
+                [
+                    policy,
+                    label.replace("_", " "),
+                    str(x["batch_streams"]),
+                    fmt(t["p50_ms"], 0),
+                    fmt(t["p99_ms"], 0),
+                    str(t["n"]),
+                    fmt(x["batch_tok_s"]),
+                    fmt(x.get("interactive_tok_s")),
+                    fmt(x.get("total_tok_s")),
+                    str(x["preemptions_delta"]),
+                ]
+            )
+    head = [
+        "scheduling",
+        "run",
+        "batch streams",
+        "interactive TTFT p50 ms",
+        "p99 ms",
+        "n",
+        "batch tok/s",
+        "interactive tok/s",
+        "all tok/s",
+        "preemptions",
+    ]
     load = r["load"]
-    out = [f"Batch streams: closed loop, {load['batch_tokens']} tokens each (PRIORITY_BATCH); interactive: "
-           f"{load['interactive_tokens']} tokens every {load['interval_s'] * 1000:.0f} ms (open loop) over a "
-           f"{load['window_s']:.0f} s window after a {load['ramp_s']:.0f} s ramp; batch tok/s counts tokens "
-           "received inside the window.", "", table(head, rows), ""]
+    out = [
+        f"Batch streams: closed loop, {load['batch_tokens']} tokens each (PRIORITY_BATCH); interactive: "
+        f"{load['interactive_tokens']} tokens every {load['interval_s'] * 1000:.0f} ms (open loop) over a "
+        f"{load['window_s']:.0f} s window after a {load['ramp_s']:.0f} s ramp; batch tok/s counts tokens "
+        "received inside the window.",
+        "",
+        table(head, rows),
+        "",
+    ]
     for n, c in r.get("checks", {}).items():
         p99, ratio_idle, loss = c["interactive_p99_loaded_ms"], c["p99_vs_idle"], c["batch_loss_pct_priority"]
         out.append(
@@ -174,7 +282,9 @@ def render_e(r: dict[str, Any]) -> str:
             f"(targets <= 2x: {verdict(ratio_idle, 2, False)}; <= 300 ms: {verdict(p99, 300, False)}); "
             f"batch throughput loss **{fmt(loss)}%** vs batch-only "
             f"(target <= 10%: {verdict(loss, 10, False)}); "
-            f"fcfs: p99 {fmt(c['fcfs_interactive_p99_ms'], 0)} ms, loss {fmt(c['batch_loss_pct_fcfs'])}%")
+            f"all tokens (batch + interactive) {fmt(c.get('total_loss_pct_priority'))}% below batch-only; "
+            f"fcfs: p99 {fmt(c['fcfs_interactive_p99_ms'], 0)} ms, batch loss {fmt(c['batch_loss_pct_fcfs'])}%"
+        )
     return "\n".join(out)
 
 
@@ -184,35 +294,73 @@ def render_f(r: dict[str, Any]) -> str:
     for c, x in r["levels"].items():
         toks = x["completion_tokens"]
         share = x.get("forced_share")
-        rows.append([c, fmt(x["json_tok_s"]), fmt(x["plain_tok_s"]), fmt(x["overhead_pct"]) + "%",
-                     fmt(x["mask_us_p50"], 0), fmt(x["mask_us_p99"], 0),
-                     "-" if share is None else f"{share * 100:.1f}%",
-                     f"{min(toks)}-{max(toks)}" if toks else "-", f"{x['json_ok']}/{x['requests']}"])
-    head = ["clients", "GenerateJSON tok/s", "unconstrained tok/s", "overhead", "mask p50 us", "mask p99 us",
-            "forced tokens", "tokens per doc", "valid docs"]
-    return "\n".join([
-        "GenerateJSON (greedy, small bounded schema) first; then unconstrained Generate of the same prompts "
-        "with max_tokens = each document's token count (ignore_eos). Mask percentiles are GetMetrics' window "
-        "(cumulative over the levels).", "", table(head, rows)])
+        rows.append(
+            [
+                c,
+                fmt(x["json_tok_s"]),
+                fmt(x["plain_tok_s"]),
+                fmt(x["overhead_pct"]) + "%",
+                fmt(x["mask_us_p50"], 0),
+                fmt(x["mask_us_p99"], 0),
+                "-" if share is None else f"{share * 100:.1f}%",
+                f"{min(toks)}-{max(toks)}" if toks else "-",
+                f"{x['json_ok']}/{x['requests']}",
+            ]
+        )
+    head = [
+        "clients",
+        "GenerateJSON tok/s",
+        "unconstrained tok/s",
+        "overhead",
+        "mask p50 us",
+        "mask p99 us",
+        "forced tokens",
+        "tokens per doc",
+        "valid docs",
+    ]
+    return "\n".join(
+        [
+            "GenerateJSON (greedy, small bounded schema) first; then unconstrained Generate of the same prompts "
+            "with max_tokens = each document's token count (ignore_eos). Mask percentiles are GetMetrics' window "
+            "(cumulative over the levels).",
+            "",
+            table(head, rows),
+        ]
+    )
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    if isinstance(v, dict | list):
+        return json.dumps(v, default=str)
+    return str(v)
 
 
 def render_g(r: dict[str, Any]) -> str:
     if isinstance(r.get("markdown"), str):
         return str(r["markdown"])
-    rows = [[k, json.dumps(v) if isinstance(v, dict | list) else str(v)] for k, v in r.items()]
-    return table(["key", "value"], rows)
+    return table(["measure", "value"], [[k.replace("_", " "), _cell(v)] for k, v in r.items()])
 
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
-    "A": render_a, "B": render_b, "C": render_c, "D": render_d, "E": render_e, "F": render_f, "G": render_g,
+    "A": render_a,
+    "B": render_b,
+    "C": render_c,
+    "D": render_d,
+    "E": render_e,
+    "F": render_f,
+    "G": render_g,
 }
 
 
 def _machine_line(m: dict[str, Any]) -> str:
     quick = " · QUICK (tiny loads, not for publishing)" if m.get("quick") else ""
-    return (f"{m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB · model {m['model']} · "
-            f"llama-cpp-python {m['llama_cpp_python']} · git {m['git_rev']} · "
-            f"llama.cpp threads {m.get('threads', '-')}{quick}")
+    return (
+        f"{m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB · model {m['model']} · "
+        f"llama-cpp-python {m['llama_cpp_python']} · git {m['git_rev']} · "
+        f"llama.cpp threads {m.get('threads', '-')}{quick}"
+    )
 
 
 def _when(m: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -101,18 +102,33 @@ def _tracing(cfg: BenchConfig) -> dict[str, Any]:
             raise
         raise Skipped("bench/bench_tracing.py is not there yet") from exc
     out: dict[str, Any] = {}
-    mod.run(str(cfg.model), out, quick=cfg.quick)
+    saved = os.environ.get("INFERENCE_THREADS")
+    if cfg.threads:  # its servers take --threads from the environment (service/config.py)
+        os.environ["INFERENCE_THREADS"] = str(cfg.threads)
+    try:
+        mod.run(str(cfg.model), out, quick=cfg.quick)
+    finally:
+        if saved is None:
+            os.environ.pop("INFERENCE_THREADS", None)
+        else:
+            os.environ["INFERENCE_THREADS"] = saved
     return out
 
 
 SCENARIOS = [
-    Scenario("A", "throughput", "Throughput: continuous batching vs sequential vs raw engine vs "
-             "llama_cpp.server", _throughput, 420),
+    Scenario(
+        "A",
+        "throughput",
+        "Throughput: continuous batching vs sequential vs raw engine vs llama_cpp.server",
+        _throughput,
+        400,
+    ),
     Scenario("B", "kv_memory", "KV memory: shared block pool vs naive per-request reservation", _memory, 120),
     Scenario("C", "prefix_reuse", "Prefix reuse: cold vs warm TTFT", _cold_warm, 60),
     Scenario("D", "many_prefixes", "Many prefixes: 32 system prompts round-robin", _many_prefixes, 150),
-    Scenario("E", "priority", "Mixed priority load: interactive latency and batch throughput", _priority,
-             420),
+    Scenario(
+        "E", "priority", "Mixed priority load: interactive latency and batch throughput", _priority, 300
+    ),
     Scenario("F", "structured_output", "Structured output overhead", _structured, 90),
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
 ]
@@ -120,8 +136,12 @@ SCENARIOS = [
 
 def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
     say(f"\n== {sc.key}. {sc.title}" + (" [quick]" if cfg.quick else ""))
-    doc: dict[str, Any] = {"scenario": sc.key, "name": sc.name, "title": sc.title,
-                           "machine": machine_info(cfg.model, cfg.quick) | {"threads": cfg.server_threads()}}
+    doc: dict[str, Any] = {
+        "scenario": sc.key,
+        "name": sc.name,
+        "title": sc.title,
+        "machine": machine_info(cfg.model, cfg.quick) | {"threads": cfg.server_threads()},
+    }
     t0 = time.monotonic()
     try:
         doc["results"] = sc.run(cfg)
@@ -139,21 +159,29 @@ def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
 
 
 def write_summary() -> Path:
-    files = sorted(p for p in results_dir().glob("*.json")
-                   if json.loads(p.read_text()).get("scenario") in {s.key for s in SCENARIOS})
+    files = sorted(
+        p
+        for p in results_dir().glob("*.json")
+        if json.loads(p.read_text()).get("scenario") in {s.key for s in SCENARIOS}
+    )
     path = results_dir() / "summary.md"
     path.write_text(report.render_summary(files))
     return path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="tiny loads (seconds) to check the harness")
     ap.add_argument("--only", default="", help="comma-separated scenario letters, e.g. A,C")
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="GGUF model (default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="llama.cpp threads of every server and the raw engine (default: all cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="llama.cpp threads of every server and the raw engine (default: all cores)",
+    )
     ap.add_argument("--summary-only", action="store_true", help="only rebuild summary.md from the JSON files")
     return ap.parse_args(argv)
 

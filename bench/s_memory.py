@@ -52,7 +52,8 @@ async def _drive(target: str, work: list[tuple[str, int]]) -> dict[str, Any]:
         streams = [Stream(ch) for _ in work]
         t0 = time.perf_counter()
         results: list[ReqResult] = await asyncio.gather(
-            *(s.request(p, n) for s, (p, n) in zip(streams, work, strict=True)))
+            *(s.request(p, n) for s, (p, n) in zip(streams, work, strict=True))
+        )
         wall = time.perf_counter() - t0
         stop.set()
         await poller
@@ -60,14 +61,19 @@ async def _drive(target: str, work: list[tuple[str, int]]) -> dict[str, Any]:
             await s.close()
         m = await get_metrics(ch)
     return {
-        "completed": sum(r.ok for r in results), "requests": len(results),
+        "completed": sum(r.ok for r in results),
+        "requests": len(results),
         "errors": sorted({r.error for r in results if not r.ok}),
-        "tokens": sum(r.tokens for r in results), "wall_s": round(wall, 3),
+        "tokens": sum(r.tokens for r in results),
+        "wall_s": round(wall, 3),
         "preemptions": sum(r.preemptions for r in results),
         "preemptions_by_reason": dict(m.preemptions_by_reason),
-        "peak_blocks_used": peak["blocks_used"], "peak_running": peak["running"],
-        "blocks_total": m.kv.blocks_total, "block_size": m.kv.block_size,
-        "bytes_per_block": m.kv.bytes_per_block, "kv_buffer_bytes": m.kv.kv_buffer_bytes,
+        "peak_blocks_used": peak["blocks_used"],
+        "peak_running": peak["running"],
+        "blocks_total": m.kv.blocks_total,
+        "block_size": m.kv.block_size,
+        "bytes_per_block": m.kv.bytes_per_block,
+        "kv_buffer_bytes": m.kv.kv_buffer_bytes,
     }
 
 
@@ -78,10 +84,12 @@ def _server_run(cfg: BenchConfig, ctx: int, work: list[tuple[str, int]]) -> dict
         with RssSampler(srv.pid) as rss:
             row = asyncio.run(_drive(srv.target, work))
         row.update(ctx=ctx, rss_idle_bytes=idle_rss, rss_peak_bytes=rss.peak, rss_samples=rss.samples)
-    say(f"  --ctx {ctx}: KV buffer {row['kv_buffer_bytes'] / 2**20:.1f} MiB, RSS peak "
+    say(
+        f"  --ctx {ctx}: KV buffer {row['kv_buffer_bytes'] / 2**20:.1f} MiB, RSS peak "
         f"{row['rss_peak_bytes'] / 2**20:.0f} MiB, "
         f"peak blocks {row['peak_blocks_used']}/{row['blocks_total']}, "
-        f"{row['completed']}/{row['requests']} completed, {row['preemptions']} preemptions")
+        f"{row['completed']}/{row['requests']} completed, {row['preemptions']} preemptions"
+    )
     return row
 
 
@@ -100,9 +108,12 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     naive_need = NAIVE_CTX * bytes_per_token
     peak_need = ours["peak_blocks_used"] * ours["bytes_per_block"]
     out = {
-        "clients": CLIENTS, "per_request_context": PER_REQUEST_CTX,
-        "prompt_tokens": prompt_tokens, "max_tokens": [n for _, n in work],
-        "ours": ours, "naive": naive,
+        "clients": CLIENTS,
+        "per_request_context": PER_REQUEST_CTX,
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": [n for _, n in work],
+        "ours": ours,
+        "naive": naive,
         "kv_bytes_naive_layout": naive_need,
         "kv_bytes_peak_in_use": peak_need,
         "pct_less_kv_buffer": _less(ours["kv_buffer_bytes"], naive["kv_buffer_bytes"]),
@@ -111,6 +122,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "rss_peak_saved_bytes": naive["rss_peak_bytes"] - ours["rss_peak_bytes"],
         "all_completed": ours["completed"] == CLIENTS and naive["completed"] == CLIENTS,
     }
-    say(f"  KV buffer {out['pct_less_kv_buffer']:.1f}% less; peak in use vs naive "
-        f"{out['pct_less_peak_in_use_vs_naive']:.1f}% less; RSS peak {out['pct_less_rss_peak']:.1f}% less")
+    say(
+        f"  KV buffer {out['pct_less_kv_buffer']:.1f}% less; peak in use vs naive "
+        f"{out['pct_less_peak_in_use_vs_naive']:.1f}% less; RSS peak {out['pct_less_rss_peak']:.1f}% less"
+    )
     return out

@@ -32,13 +32,19 @@ async def _pairs(target: str, prefixes: list[str], maker: PromptMaker, max_token
         for prefix in prefixes:
             cold = await stream.request(prefix + " " + maker.words(8), max_tokens)
             warm = await stream.request(prefix + " " + maker.words(8), max_tokens)
-            rows.append({
-                "prompt_tokens": cold.prompt_tokens,
-                "cold_ttft_ms": cold.ttft_ms, "warm_ttft_ms": warm.ttft_ms,
-                "cold_server_ttft_ms": cold.server_ttft_ms, "warm_server_ttft_ms": warm.server_ttft_ms,
-                "cold_cached_tokens": cold.cached_tokens, "warm_cached_tokens": warm.cached_tokens,
-                "ok": cold.ok and warm.ok, "error": cold.error or warm.error,
-            })
+            rows.append(
+                {
+                    "prompt_tokens": cold.prompt_tokens,
+                    "cold_ttft_ms": cold.ttft_ms,
+                    "warm_ttft_ms": warm.ttft_ms,
+                    "cold_server_ttft_ms": cold.server_ttft_ms,
+                    "warm_server_ttft_ms": warm.server_ttft_ms,
+                    "cold_cached_tokens": cold.cached_tokens,
+                    "warm_cached_tokens": warm.cached_tokens,
+                    "ok": cold.ok and warm.ok,
+                    "error": cold.error or warm.error,
+                }
+            )
         await stream.close()
     return rows
 
@@ -47,8 +53,12 @@ def _pair_summary(rows: list[dict]) -> dict[str, Any]:
     cold = pct([r["cold_ttft_ms"] for r in rows if r["ok"]], 50)
     warm = pct([r["warm_ttft_ms"] for r in rows if r["ok"]], 50)
     red = ratio(warm, cold)
-    return {"pairs": rows, "cold_ttft_p50_ms": cold, "warm_ttft_p50_ms": warm,
-            "reduction_pct": None if red is None else (1 - red) * 100}
+    return {
+        "pairs": rows,
+        "cold_ttft_p50_ms": cold,
+        "warm_ttft_p50_ms": warm,
+        "reduction_pct": None if red is None else (1 - red) * 100,
+    }
 
 
 def run_cold_warm(cfg: BenchConfig) -> dict[str, Any]:
@@ -60,8 +70,10 @@ def run_cold_warm(cfg: BenchConfig) -> dict[str, Any]:
         with GrpcServer(f"C-{label}", cfg.model, *flags, threads=cfg.threads) as srv:
             out[label] = _pair_summary(asyncio.run(_pairs(srv.target, prefixes, maker, 4)))
         s = out[label]
-        say(f"  {label}: cold TTFT p50 {s['cold_ttft_p50_ms']:.0f} ms, warm {s['warm_ttft_p50_ms']:.1f} ms "
-            f"({s['reduction_pct']:.1f}% less)")
+        say(
+            f"  {label}: cold TTFT p50 {s['cold_ttft_p50_ms']:.0f} ms, warm {s['warm_ttft_p50_ms']:.1f} ms "
+            f"({s['reduction_pct']:.1f}% less)"
+        )
     return out
 
 
@@ -92,9 +104,13 @@ async def _many(target: str, fill: list[list[str]], measured: list[list[str]], m
         m1 = await get_metrics(ch)
     hits, prompts = (a - b for a, b in zip(_kv_counters(m1), _kv_counters(m0), strict=True))
     row.update(
-        first_pass=first, prefix_hit_tokens=hits, prompt_tokens=prompts,
-        prefix_hit_rate=hits / prompts if prompts else None, evictions=m1.kv.evictions,
-        holder_seq_ids=m1.kv.holder_seq_ids, blocks_cached=m1.kv.blocks_cached,
+        first_pass=first,
+        prefix_hit_tokens=hits,
+        prompt_tokens=prompts,
+        prefix_hit_rate=hits / prompts if prompts else None,
+        evictions=m1.kv.evictions,
+        holder_seq_ids=m1.kv.holder_seq_ids,
+        blocks_cached=m1.kv.blocks_cached,
         server_ttft=latency_summary([r.server_ttft_ms for r in results if r.ok]),
     )
     return row
@@ -106,18 +122,26 @@ def run_many_prefixes(cfg: BenchConfig) -> dict[str, Any]:
     systems = [maker.text(length) for _ in range(n_sys)]
     fill = _round_robin(systems, maker, 1)
     measured = _round_robin(systems, maker, rounds)
-    out: dict[str, Any] = {"system_prompts": n_sys, "system_prompt_tokens": length, "clients": D_CLIENTS,
-                           "measured_requests": n_sys * rounds, "ctx": ctx, "max_tokens": 16}
+    out: dict[str, Any] = {
+        "system_prompts": n_sys,
+        "system_prompt_tokens": length,
+        "clients": D_CLIENTS,
+        "measured_requests": n_sys * rounds,
+        "ctx": ctx,
+        "max_tokens": 16,
+    }
     for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--no-prefix-cache"])):
         with GrpcServer(f"D-{label}", cfg.model, "--ctx", str(ctx), *flags, threads=cfg.threads) as srv:
             row = asyncio.run(_many(srv.target, fill, measured, 16))
         out[label] = row
-        say(f"  {label}: hit rate {(row['prefix_hit_rate'] or 0) * 100:.1f}%, TTFT p50 "
+        say(
+            f"  {label}: hit rate {(row['prefix_hit_rate'] or 0) * 100:.1f}%, TTFT p50 "
             f"{row['ttft']['p50_ms']:.0f} ms p99 {row['ttft']['p99_ms']:.0f} ms, {row['tok_s']:.1f} tok/s, "
-            f"{row['failed']} failed")
+            f"{row['failed']} failed"
+        )
     out["slot_baseline_note"] = (
         f"A slot-based server (llama-server with {D_CLIENTS} slots) keeps at most one prompt per slot: "
         f"round-robin over {n_sys} distinct system prompts finds the same prompt in a slot only by chance "
-        "after it was overwritten by another, so its hit rate is ~0%; --no-prefix-cache shows that cost.")
+        "after it was overwritten by another, so its hit rate is ~0%; --no-prefix-cache shows that cost."
+    )
     return out
-

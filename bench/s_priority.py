@@ -35,7 +35,7 @@ class Load:
     idle_window_s: float
 
 
-FULL = Load((16, 32), 256, 64, 0.5, 5.0, 40.0, 20.0)
+FULL = Load((16, 32), 256, 64, 0.5, 5.0, 30.0, 15.0)
 QUICK = Load((4,), 32, 16, 0.5, 2.0, 6.0, 4.0)
 CTX = 16384  # room for 32 x (prompt + 256) tokens: KV pressure is not what this scenario measures
 
@@ -72,15 +72,20 @@ async def _batch_client(ch: grpc.aio.Channel, prompts: list[str], load: Load, me
     return done
 
 
-async def _interactive(ch: grpc.aio.Channel, prompts: list[str], load: Load, start: float, end: float
-                       ) -> list[ReqResult]:
-    stream = Stream(ch)
+async def _interactive(
+    ch: grpc.aio.Channel, prompts: list[str], load: Load, meter: WindowMeter
+) -> list[ReqResult]:
+    stream = Stream(ch, on_tokens=meter.add)
+    start, end = meter.start, meter.end
     tasks = []
     await asyncio.sleep(max(0.0, start - time.perf_counter()))
     i = 0
     while time.perf_counter() < end - 1.0:
-        tasks.append(asyncio.create_task(stream.request(prompts[i % len(prompts)], load.interactive_tokens,
-                                                        INTERACTIVE)))
+        tasks.append(
+            asyncio.create_task(
+                stream.request(prompts[i % len(prompts)], load.interactive_tokens, INTERACTIVE)
+            )
+        )
         i += 1
         await asyncio.sleep(max(0.0, start + i * load.interval_s - time.perf_counter()))
     results = list(await asyncio.gather(*tasks))
@@ -97,8 +102,9 @@ async def _wait_idle(ch: grpc.aio.Channel, timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _one_run(target: str, n_batch: int, with_interactive: bool, load: Load, maker: PromptMaker,
-                   window_s: float) -> dict[str, Any]:
+async def _one_run(
+    target: str, n_batch: int, with_interactive: bool, load: Load, maker: PromptMaker, window_s: float
+) -> dict[str, Any]:
     async with channel(target) as ch:
         await _wait_idle(ch)
         m0 = await get_metrics(ch)
@@ -106,19 +112,25 @@ async def _one_run(target: str, n_batch: int, with_interactive: bool, load: Load
         inter_prompts = maker.unique(64, 30, 60)
         start = time.perf_counter() + (load.ramp_s if n_batch else 0.5)
         meter = WindowMeter(start, start + window_s)
+        inter_meter = WindowMeter(start, start + window_s)
         batch = [asyncio.create_task(_batch_client(ch, p, load, meter)) for p in batch_prompts]
         inter: list[ReqResult] = []
         if with_interactive:
-            inter = await _interactive(ch, inter_prompts, load, start, meter.end)
+            inter = await _interactive(ch, inter_prompts, load, inter_meter)
         completed = sum(await asyncio.gather(*batch))
         await _wait_idle(ch)
         m1 = await get_metrics(ch)
     ok = [r for r in inter if r.ok]
     return {
-        "batch_streams": n_batch, "window_s": window_s,
-        "batch_tokens_in_window": meter.tokens, "batch_tok_s": meter.tokens / window_s if n_batch else None,
+        "batch_streams": n_batch,
+        "window_s": window_s,
+        "batch_tokens_in_window": meter.tokens,
+        "batch_tok_s": meter.tokens / window_s if n_batch else None,
         "batch_requests_completed": completed,
-        "interactive_requests": len(inter), "interactive_failed": len(inter) - len(ok),
+        "interactive_tok_s": inter_meter.tokens / window_s,
+        "total_tok_s": (meter.tokens + inter_meter.tokens) / window_s,
+        "interactive_requests": len(inter),
+        "interactive_failed": len(inter) - len(ok),
         "interactive_ttft": latency_summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
         "interactive_server_ttft": latency_summary([r.server_ttft_ms for r in ok]),
         "preemptions": dict(m1.preemptions_by_reason),
@@ -130,8 +142,10 @@ def _show(label: str, row: dict[str, Any]) -> None:
     t = row["interactive_ttft"]
     parts = [f"  {label}:"]
     if row["interactive_requests"]:
-        parts.append(f"interactive TTFT p50 {t['p50_ms']:.0f} ms p99 {t['p99_ms']:.0f} ms "
-                     f"(n={t['n']}, {row['interactive_failed']} failed);")
+        parts.append(
+            f"interactive TTFT p50 {t['p50_ms']:.0f} ms p99 {t['p99_ms']:.0f} ms "
+            f"(n={t['n']}, {row['interactive_failed']} failed);"
+        )
     if row["batch_tok_s"] is not None:
         parts.append(f"batch {row['batch_tok_s']:.1f} tok/s;")
     parts.append(f"preemptions {row['preemptions_delta']}")
@@ -168,18 +182,25 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         alone = out["priority"][f"batch_only_{n}"]["batch_tok_s"]
         p99 = pri["interactive_ttft"]["p99_ms"]
         checks[str(n)] = {
-            "interactive_p99_loaded_ms": p99, "interactive_p99_idle_ms": idle_p99,
+            "interactive_p99_loaded_ms": p99,
+            "interactive_p99_idle_ms": idle_p99,
             "p99_vs_idle": ratio(p99, idle_p99),
             "fcfs_interactive_p99_ms": fcfs["interactive_ttft"]["p99_ms"],
-            "batch_tok_s_alone": alone, "batch_tok_s_priority": pri["batch_tok_s"],
+            "batch_tok_s_alone": alone,
+            "batch_tok_s_priority": pri["batch_tok_s"],
             "batch_tok_s_fcfs": fcfs["batch_tok_s"],
             "batch_loss_pct_priority": _loss(pri["batch_tok_s"], alone),
             "batch_loss_pct_fcfs": _loss(fcfs["batch_tok_s"], alone),
+            "total_tok_s_priority": pri["total_tok_s"],
+            "total_tok_s_fcfs": fcfs["total_tok_s"],
+            "total_loss_pct_priority": _loss(pri["total_tok_s"], alone),
         }
         c = checks[str(n)]
-        say(f"  N={n}: interactive p99 {p99:.0f} ms = {c['p99_vs_idle'] or 0:.2f}x idle; batch loss "
+        say(
+            f"  N={n}: interactive p99 {p99:.0f} ms = {c['p99_vs_idle'] or 0:.2f}x idle; batch loss "
             f"{c['batch_loss_pct_priority'] or 0:.1f}% (priority), "
-            f"{c['batch_loss_pct_fcfs'] or 0:.1f}% (fcfs)")
+            f"{c['batch_loss_pct_fcfs'] or 0:.1f}% (fcfs)"
+        )
     out["checks"] = checks
     return out
 

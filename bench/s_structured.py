@@ -43,8 +43,11 @@ class Unimplemented(Exception):
 
 
 async def _json_one(stub: pb_grpc.InferenceServiceStub, prompt: str) -> ReqResult:
-    req = pb.GenerateJSONRequest(prompt=prompt, json_schema=json.dumps(SCHEMA),
-                                 sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    req = pb.GenerateJSONRequest(
+        prompt=prompt,
+        json_schema=json.dumps(SCHEMA),
+        sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
+    )
     t0 = time.perf_counter()
     try:
         resp = await stub.GenerateJSON(req, timeout=600)
@@ -52,8 +55,16 @@ async def _json_one(stub: pb_grpc.InferenceServiceStub, prompt: str) -> ReqResul
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             raise Unimplemented(exc.details() or "UNIMPLEMENTED") from exc
         return ReqResult(False, t0, time.perf_counter(), None, 0, error=f"{exc.code().name}: {exc.details()}")
-    return ReqResult(True, t0, time.perf_counter(), resp.timing.ttft_ms, resp.usage.completion_tokens,
-                     resp.usage.prompt_tokens, resp.usage.cached_tokens, server_ttft_ms=resp.timing.ttft_ms)
+    return ReqResult(
+        True,
+        t0,
+        time.perf_counter(),
+        resp.timing.ttft_ms,
+        resp.usage.completion_tokens,
+        resp.usage.prompt_tokens,
+        resp.usage.cached_tokens,
+        server_ttft_ms=resp.timing.ttft_ms,
+    )
 
 
 async def _run_json(ch: grpc.aio.Channel, groups: list[list[str]]) -> tuple[list[list[ReqResult]], float]:
@@ -67,8 +78,9 @@ async def _run_json(ch: grpc.aio.Channel, groups: list[list[str]]) -> tuple[list
     return list(out), time.perf_counter() - t0
 
 
-async def _run_plain(ch: grpc.aio.Channel, groups: list[list[str]], lengths: list[list[int]]
-                     ) -> tuple[list[ReqResult], float]:
+async def _run_plain(
+    ch: grpc.aio.Channel, groups: list[list[str]], lengths: list[list[int]]
+) -> tuple[list[ReqResult], float]:
     async def client(prompts: list[str], ns: list[int]) -> list[ReqResult]:
         stream = Stream(ch)
         res = [await stream.request(p, n) for p, n in zip(prompts, ns, strict=True)]
@@ -82,8 +94,14 @@ async def _run_plain(ch: grpc.aio.Channel, groups: list[list[str]], lengths: lis
 
 def _grammar(m: Any) -> dict[str, float]:
     g = m.grammar
-    return {"constrained": g.constrained_tokens, "forced": g.forced_tokens, "mask_us_p50": g.mask_us_p50,
-            "mask_us_p99": g.mask_us_p99, "compiles": g.compiles, "cache_hits": g.cache_hits}
+    return {
+        "constrained": g.constrained_tokens,
+        "forced": g.forced_tokens,
+        "mask_us_p50": g.mask_us_p50,
+        "mask_us_p99": g.mask_us_p99,
+        "compiles": g.compiles,
+        "cache_hits": g.cache_hits,
+    }
 
 
 async def _level(target: str, groups: list[list[str]]) -> dict[str, Any]:
@@ -99,15 +117,21 @@ async def _level(target: str, groups: list[list[str]]) -> dict[str, Any]:
     json_tok_s = sum(r.tokens for r in ok) / json_wall
     plain_tok_s = sum(r.tokens for r in plain if r.ok) / plain_wall
     return {
-        "clients": len(groups), "requests": len(flat), "json_ok": len(ok),
+        "clients": len(groups),
+        "requests": len(flat),
+        "json_ok": len(ok),
         "json_errors": sorted({r.error for r in flat if not r.ok})[:5],
         "completion_tokens": [r.tokens for r in flat],
-        "json_tok_s": json_tok_s, "plain_tok_s": plain_tok_s,
+        "json_tok_s": json_tok_s,
+        "plain_tok_s": plain_tok_s,
         "json_vs_plain": ratio(json_tok_s, plain_tok_s),
         "overhead_pct": None if not plain_tok_s else (1 - json_tok_s / plain_tok_s) * 100,
-        "json_wall_s": json_wall, "plain_wall_s": plain_wall,
-        "mask_us_p50": g1["mask_us_p50"], "mask_us_p99": g1["mask_us_p99"],
-        "constrained_tokens": constrained, "forced_tokens": g1["forced"] - g0["forced"],
+        "json_wall_s": json_wall,
+        "plain_wall_s": plain_wall,
+        "mask_us_p50": g1["mask_us_p50"],
+        "mask_us_p99": g1["mask_us_p99"],
+        "constrained_tokens": constrained,
+        "forced_tokens": g1["forced"] - g0["forced"],
         "forced_share": (g1["forced"] - g0["forced"]) / constrained if constrained else None,
         "grammar_compiles": g1["compiles"] - g0["compiles"],
         "grammar_cache_hits": g1["cache_hits"] - g0["cache_hits"],
@@ -120,16 +144,20 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"schema": SCHEMA, "max_tokens": MAX_TOKENS, "levels": {}}
     with GrpcServer("F-structured", cfg.model, threads=cfg.threads) as srv:
         for c, n in per_client.items():
-            groups = [[f"Invent a person. Reply with JSON only. Hint: {maker.words(12)}\n" for _ in range(n)]
-                      for _ in range(c)]
+            groups = [
+                [f"Invent a person. Reply with JSON only. Hint: {maker.words(12)}\n" for _ in range(n)]
+                for _ in range(c)
+            ]
             try:
                 row = asyncio.run(_level(srv.target, groups))
             except Unimplemented as exc:
                 say(f"  skipped: GenerateJSON answered UNIMPLEMENTED ({exc})")
                 return {"skipped": f"GenerateJSON UNIMPLEMENTED: {exc}"}
             out["levels"][str(c)] = row
-            say(f"  C={c}: JSON {row['json_tok_s']:.1f} tok/s vs plain {row['plain_tok_s']:.1f} tok/s "
+            say(
+                f"  C={c}: JSON {row['json_tok_s']:.1f} tok/s vs plain {row['plain_tok_s']:.1f} tok/s "
                 f"({row['overhead_pct'] or 0:.1f}% overhead); mask p50 {row['mask_us_p50']:.0f} us "
                 f"p99 {row['mask_us_p99']:.0f} us; forced {100 * (row['forced_share'] or 0):.1f}%; "
-                f"{row['json_ok']}/{row['requests']} valid")
+                f"{row['json_ok']}/{row['requests']} valid"
+            )
     return out

@@ -55,9 +55,11 @@ async def _grpc_levels(target: str, sets: dict[int, list[list[str]]], max_tokens
             row = summarize(results, wall)
             row["mean_batch_size"] = _mean_batch(before, _batch_hist(await get_metrics(ch)))
             out[str(c)] = row
-            say(f"    C={c:>2}: {row['tok_s']:.1f} tok/s, {row['req_s']:.2f} req/s, "
+            say(
+                f"    C={c:>2}: {row['tok_s']:.1f} tok/s, {row['req_s']:.2f} req/s, "
                 f"TTFT p50 {row['ttft']['p50_ms']:.0f} ms p99 {row['ttft']['p99_ms']:.0f} ms, "
-                f"mean batch {row['mean_batch_size'] or 0:.1f} ({row['failed']} failed)")
+                f"mean batch {row['mean_batch_size'] or 0:.1f} ({row['failed']} failed)"
+            )
     return out
 
 
@@ -78,20 +80,39 @@ def _peer(cfg: BenchConfig, sets: dict[int, list[list[str]]], max_tokens: int) -
             row = summarize(results, time.perf_counter() - t0)
             row["tokens_requested"] = len(results) * max_tokens
             levels[str(c)] = row
-            say(f"    C={c:>2}: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft']['p50_ms']:.0f} ms "
-                f"p99 {row['ttft']['p99_ms']:.0f} ms, tokens {row['tokens']}/{row['tokens_requested']}")
-    return {"levels": levels, "note": "sequential server: requests queue on its model lock "
-            "(--interrupt_requests False); min_tokens=max_tokens stands in for ignore_eos"}
+            say(
+                f"    C={c:>2}: {row['tok_s']:.1f} tok/s, TTFT p50 {row['ttft']['p50_ms']:.0f} ms "
+                f"p99 {row['ttft']['p99_ms']:.0f} ms, tokens {row['tokens']}/{row['tokens_requested']}"
+            )
+    return {
+        "levels": levels,
+        "note": "sequential server: requests queue on its model lock "
+        "(--interrupt_requests False); min_tokens=max_tokens stands in for ignore_eos",
+    }
 
 
 def _raw(cfg: BenchConfig, batches: list[int], prompts: list[str], steps: int) -> dict:
     say(f"  raw engine (ModelRunner, no server): B in {batches}")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
-    cmd = [PYTHON, "-m", "bench.engine_ceiling", "--model", str(cfg.model), "--prompts-json", f.name,
-           "--batches", ",".join(map(str, batches)), "--steps", str(steps),
-           "--threads", str(cfg.server_threads()), "--repeat", "1" if cfg.quick else "2"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    cmd = [
+        PYTHON,
+        "-m",
+        "bench.engine_ceiling",
+        "--model",
+        str(cfg.model),
+        "--prompts-json",
+        f.name,
+        "--batches",
+        ",".join(map(str, batches)),
+        "--steps",
+        str(steps),
+        "--threads",
+        str(cfg.server_threads()),
+        "--repeat",
+        "1" if cfg.quick else "2",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"engine_ceiling failed: {proc.stderr[-2000:]}")
     data = json.loads(proc.stdout)
@@ -104,8 +125,11 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     loads = QUICK_LOADS if cfg.quick else FULL_LOADS
     max_tokens = 16 if cfg.quick else 64
     sets = _prompt_sets(cfg, loads)
-    out: dict[str, Any] = {"max_tokens": max_tokens, "prompt_tokens": "30-60",
-                           "loads": {str(c): n for c, n in loads.items()}}
+    out: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "prompt_tokens": "30-60",
+        "loads": {str(c): n for c, n in loads.items()},
+    }
     out["batcher"] = _ours(cfg, "batcher", ["--max-running", "32"], sets, max_tokens)
     out["sequential"] = _ours(cfg, "sequential", ["--max-running", "1"], sets, max_tokens)
     biggest = max(loads)
@@ -136,5 +160,6 @@ def _ratios(out: dict[str, Any], levels: list[int]) -> dict[str, float | None]:
     for level in PEER_LEVELS:
         if level in levels:
             r[f"batcher_vs_llama_cpp_server_C{level}"] = ratio(
-                _tok_s(out["batcher"], level), _tok_s(out["llama_cpp_server"], level))
+                _tok_s(out["batcher"], level), _tok_s(out["llama_cpp_server"], level)
+            )
     return r

@@ -90,7 +90,9 @@ def fetch(spec: ModelSpec, dest: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("which", choices=sorted(MODELS))
     parser.add_argument("--dest", type=Path, default=Path("models"))
     args = parser.parse_args()

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         if f.type == "bool" or isinstance(f.default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            kind = type(f.default)
+            kind: Any = type(f.default)
             parser.add_argument(flag, type=kind, default=None, help=help_text, choices=CHOICES.get(f.name))
     return parser
 
@@ -108,8 +108,9 @@ def load_config(argv: list[str] | None = None, env: dict[str, str] | None = None
         given = getattr(args, f.name)
         if given is None and _env_name(f.name) in env:
             raw = env[_env_name(f.name)]
+            kind: Any = type(f.default)
             try:
-                given = _parse_bool(raw) if isinstance(f.default, bool) else type(f.default)(raw)
+                given = _parse_bool(raw) if isinstance(f.default, bool) else kind(raw)
             except ValueError:
                 parser.error(f"{_env_name(f.name)}={raw!r} is not a valid {type(f.default).__name__}")
             if f.name in CHOICES and given not in CHOICES[f.name]:

@@ -68,7 +68,10 @@ class Engine:
         self.telemetry = telemetry or Telemetry()
         self.eog_ids = runner.vocab.eog_ids
         self.scheduler = Scheduler(
-            kv, policy, max_running=config.max_running, token_budget=config.token_budget,
+            kv,
+            policy,
+            max_running=config.max_running,
+            token_budget=config.token_budget,
             append_token=self._append_token,
         )
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -211,7 +214,9 @@ class Engine:
             want.extend([0] * (n - 1) + [1 if item.sample else 0])
             if item.sample:
                 sampling.append(seq)
-        logits = self.runner.decode(np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want))
+        logits = self.runner.decode(
+            np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want)
+        )
         prefill = sum(i.num_tokens for i in plan.items if not i.sample or i.num_tokens > 1)
         self.metrics.on_step(len(plan.items), prefill, len(sampling))
         return logits, sampling

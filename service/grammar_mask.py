@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 class MaskBatch:
     """Per-step mask filling for the constrained rows of one decode step (engine thread only)."""
 
-    def __init__(self, ll_tokenizer: llg.LLTokenizer, n_vocab: int, max_rows: int, *,
-                 threads: int | None = None) -> None:
+    def __init__(
+        self, ll_tokenizer: llg.LLTokenizer, n_vocab: int, max_rows: int, *, threads: int | None = None
+    ) -> None:
         self.n_vocab = n_vocab
         self.tok_vocab = min(int(ll_tokenizer.vocab_size), n_vocab)
         self._words = (int(ll_tokenizer.vocab_size) + 31) // 32
@@ -43,7 +44,9 @@ class MaskBatch:
             self._alloc(n)
         t0 = time.perf_counter()
         self._exec.unsafe_compute_mask_ptr(
-            [(m.ll_matcher, i) for i, m in enumerate(matchers)], self._mask.ctypes.data, self._words * 4,
+            [(m.ll_matcher, i) for i, m in enumerate(matchers)],
+            self._mask.ctypes.data,
+            self._words * 4,
             self._mask.shape[0],
         )
         us = (time.perf_counter() - t0) * 1e6 / n

@@ -28,18 +28,41 @@ from jsonschema_specifications import REGISTRY as METASCHEMAS
 
 # Keywords whose removal can only widen the set of valid documents (pure
 # assertions, or applicators that only ever restrict, such as ``not``).
-DROPPABLE = frozenset({
-    "not", "if", "then", "else", "dependencies", "dependentRequired", "dependentSchemas",
-    "contains", "minContains", "maxContains", "uniqueItems", "propertyNames",
-    "unevaluatedProperties", "unevaluatedItems", "additionalItems", "minProperties", "maxProperties",
-})
+DROPPABLE = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependencies",
+        "dependentRequired",
+        "dependentSchemas",
+        "contains",
+        "minContains",
+        "maxContains",
+        "uniqueItems",
+        "propertyNames",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "additionalItems",
+        "minProperties",
+        "maxProperties",
+    }
+)
 # Values that are data, not subschemas: never walked.
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples", "example", "required"})
 # Maps from names (not keywords) to subschemas (or, for the dependency keywords, lists of names).
-_NAME_MAPS = frozenset({
-    "properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies",
-    "dependentRequired",
-})
+_NAME_MAPS = frozenset(
+    {
+        "properties",
+        "patternProperties",
+        "definitions",
+        "$defs",
+        "dependentSchemas",
+        "dependencies",
+        "dependentRequired",
+    }
+)
 
 ONE_OF = "oneOf->anyOf"
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
@@ -87,8 +110,12 @@ _IRI_REF = re.compile(r"[^\x00-\x20<>\"{}|\\^`\x7f]*")
 # Minimal checks for formats jsonschema cannot check without optional packages (rfc3987,
 # jsonpointer): used only when an unknown-to-llguidance format was dropped from the grammar.
 _EXTRA_FORMATS: dict[str, re.Pattern[str]] = {
-    "json-pointer": _JSON_POINTER, "relative-json-pointer": _REL_JSON_POINTER,
-    "iri": _IRI, "uri": _URI, "iri-reference": _IRI_REF, "uri-reference": _IRI_REF,
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": _REL_JSON_POINTER,
+    "iri": _IRI,
+    "uri": _URI,
+    "iri-reference": _IRI_REF,
+    "uri-reference": _IRI_REF,
 }
 _checkers: dict[type[Any], jsonschema.FormatChecker] = {}
 

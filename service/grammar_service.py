@@ -13,7 +13,9 @@ from service.requests import BadRequest
 class GrammarService:
     """Compiles constraints in worker threads so a slow schema never stalls an engine step."""
 
-    def __init__(self, vocab: Any, metrics: EngineMetrics, *, max_source_bytes: int, timeout_s: float) -> None:
+    def __init__(
+        self, vocab: Any, metrics: EngineMetrics, *, max_source_bytes: int, timeout_s: float
+    ) -> None:
         self.metrics = metrics
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
@@ -45,7 +47,9 @@ class GrammarService:
         except self._jg.GrammarError as exc:
             raise BadRequest(str(exc), exc.status) from exc
         except TimeoutError as exc:
-            raise BadRequest(f"grammar compilation exceeded {self.timeout_s:.0f} s", "RESOURCE_EXHAUSTED") from exc
+            raise BadRequest(
+                f"grammar compilation exceeded {self.timeout_s:.0f} s", "RESOURCE_EXHAUSTED"
+            ) from exc
         self.metrics.on_grammar_compile(ms, hit)
         return self.compiler.matcher(compiled), compiled
 

@@ -28,8 +28,14 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 from service import grammar_schema as gs
 from service.grammar_mask import MaskBatch
 
-__all__ = ["CompiledGrammar", "GrammarCompiler", "GrammarError", "GrammarMatcher", "MaskBatch",
-           "validate_document"]
+__all__ = [
+    "CompiledGrammar",
+    "GrammarCompiler",
+    "GrammarError",
+    "GrammarMatcher",
+    "MaskBatch",
+    "validate_document",
+]
 
 KINDS = ("json_schema", "regex", "lark", "gbnf")
 MAX_RELAX_PASSES = 12
@@ -258,8 +264,9 @@ class GrammarCompiler:
             grammar = llg.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
             proto = self._new_matcher(grammar)
             if not proto.is_error():
-                return CompiledGrammar("json_schema", grammar, schema, tuple(approx), proto,
-                                       gs.make_validator(schema, cls))
+                return CompiledGrammar(
+                    "json_schema", grammar, schema, tuple(approx), proto, gs.make_validator(schema, cls)
+                )
             msg = proto.get_error()
             if _status_of(msg) == "RESOURCE_EXHAUSTED":
                 raise GrammarError("RESOURCE_EXHAUSTED", f"JSON Schema too complex: {_short(msg)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
+
 from service.sequence import Priority
 
 TIER_PROTO = {Priority.INTERACTIVE: pb.PRIORITY_INTERACTIVE, Priority.BATCH: pb.PRIORITY_BATCH}
@@ -12,7 +13,11 @@ TIER_PROTO = {Priority.INTERACTIVE: pb.PRIORITY_INTERACTIVE, Priority.BATCH: pb.
 
 def _latency(d: dict[str, float]) -> pb.LatencySummary:
     return pb.LatencySummary(
-        count=int(d["count"]), mean_ms=d["mean_ms"], p50_ms=d["p50_ms"], p95_ms=d["p95_ms"], p99_ms=d["p99_ms"]
+        count=int(d["count"]),
+        mean_ms=d["mean_ms"],
+        p50_ms=d["p50_ms"],
+        p95_ms=d["p95_ms"],
+        p99_ms=d["p99_ms"],
     )
 
 
@@ -25,16 +30,23 @@ def metrics_response(engine: Any, grammar: Any = None) -> pb.GetMetricsResponse:
     preempt = dict(sched.preemptions)
     tiers = []
     for prio, t in snap["tiers"].items():
-        tiers.append(pb.TierMetrics(
-            priority=TIER_PROTO[prio],
-            requests_total=t["requests"], requests_completed=t["completed"],
-            requests_cancelled=t["cancelled"], requests_failed=t["failed"], requests_rejected=t["rejected"],
-            waiting=sum(1 for s in waiting if s.priority is prio),
-            running=sum(1 for s in running if s.priority is prio),
-            preemptions=sum(n for (p, _r), n in preempt.items() if p is prio),
-            queue_time=_latency(t["queue"]), ttft=_latency(t["ttft"]),
-            tpot=_latency(t["tpot"]), e2e=_latency(t["e2e"]),
-        ))
+        tiers.append(
+            pb.TierMetrics(
+                priority=TIER_PROTO[prio],
+                requests_total=t["requests"],
+                requests_completed=t["completed"],
+                requests_cancelled=t["cancelled"],
+                requests_failed=t["failed"],
+                requests_rejected=t["rejected"],
+                waiting=sum(1 for s in waiting if s.priority is prio),
+                running=sum(1 for s in running if s.priority is prio),
+                preemptions=sum(n for (p, _r), n in preempt.items() if p is prio),
+                queue_time=_latency(t["queue"]),
+                ttft=_latency(t["ttft"]),
+                tpot=_latency(t["tpot"]),
+                e2e=_latency(t["e2e"]),
+            )
+        )
     by_reason: dict[str, int] = {}
     for (_p, reason), n in preempt.items():
         by_reason[reason] = by_reason.get(reason, 0) + n
@@ -53,13 +65,18 @@ def metrics_response(engine: Any, grammar: Any = None) -> pb.GetMetricsResponse:
         waiting=len(waiting),
         tiers=tiers,
         kv=pb.KvMetrics(
-            blocks_total=kv.num_blocks, blocks_used=kv.num_used, blocks_cached=kv.num_cached,
-            blocks_free=kv.num_free, block_size=kv.block_size,
+            blocks_total=kv.num_blocks,
+            blocks_used=kv.num_used,
+            blocks_cached=kv.num_cached,
+            blocks_free=kv.num_free,
+            block_size=kv.block_size,
             bytes_per_block=engine.runner.kv_bytes_per_token * kv.block_size,
             kv_buffer_bytes=engine.runner.kv_buffer_bytes,
-            prefix_hit_tokens=stats.hit_tokens, prompt_tokens=stats.prompt_tokens,
+            prefix_hit_tokens=stats.hit_tokens,
+            prompt_tokens=stats.prompt_tokens,
             prefix_hit_rate=stats.hit_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0,
-            evictions=stats.evictions, holder_seq_ids=kv.num_holder_lanes,
+            evictions=stats.evictions,
+            holder_seq_ids=kv.num_holder_lanes,
         ),
         preemptions_total=sum(preempt.values()),
         preemptions_by_reason=by_reason,
@@ -67,9 +84,13 @@ def metrics_response(engine: Any, grammar: Any = None) -> pb.GetMetricsResponse:
         throughput_tok_s=snap["throughput_tok_s"],
         throughput_window_s=10.0,
         grammar=pb.GrammarMetrics(
-            compiles=g["compiles"], cache_hits=g["cache_hits"], compile_time=_latency(g["compile_ms"]),
-            mask_us_p50=g["mask_us_p50"], mask_us_p99=g["mask_us_p99"],
-            constrained_tokens=g["constrained_tokens"], forced_tokens=g["forced_tokens"],
+            compiles=g["compiles"],
+            cache_hits=g["cache_hits"],
+            compile_time=_latency(g["compile_ms"]),
+            mask_us_p50=g["mask_us_p50"],
+            mask_us_p99=g["mask_us_p99"],
+            constrained_tokens=g["constrained_tokens"],
+            forced_tokens=g["forced_tokens"],
         ),
         model=engine.runner.model_path.name,
     )

@@ -104,41 +104,85 @@ Instrument = tuple[str, str, str, Callable[[pb.GetMetricsResponse], Rows]]
 COUNTERS: list[Instrument] = [
     ("inference.requests.accepted", "{request}", "requests accepted", _per_tier("requests_total")),
     ("inference.requests.finished", "{request}", "requests ended after acceptance, by outcome", _finished),
-    ("inference.requests.rejected", "{request}", "requests refused (queue full)",
-     _per_tier("requests_rejected")),
+    (
+        "inference.requests.rejected",
+        "{request}",
+        "requests refused (queue full)",
+        _per_tier("requests_rejected"),
+    ),
     ("inference.preemptions", "{preemption}", "preemptions", _per_tier("preemptions")),
-    ("inference.prompt_tokens", "{token}", "prompt tokens of accepted requests",
-     _field("prompt_tokens_total")),
+    (
+        "inference.prompt_tokens",
+        "{token}",
+        "prompt tokens of accepted requests",
+        _field("prompt_tokens_total"),
+    ),
     ("inference.generated_tokens", "{token}", "tokens generated", _field("generated_tokens_total")),
-    ("inference.prefill_tokens", "{token}", "prompt tokens computed by prefill",
-     _field("prefill_tokens_total")),
-    ("inference.engine.steps", "{step}", "engine steps by sequences per decode",
-     lambda m: [(b.steps, {"inference.batch_size": b.sequences}) for b in m.batch_sizes]),
-    ("inference.kv.prefix_hit_tokens", "{token}", "prompt tokens served from the prefix cache",
-     _field("kv.prefix_hit_tokens")),
+    (
+        "inference.prefill_tokens",
+        "{token}",
+        "prompt tokens computed by prefill",
+        _field("prefill_tokens_total"),
+    ),
+    (
+        "inference.engine.steps",
+        "{step}",
+        "engine steps by sequences per decode",
+        lambda m: [(b.steps, {"inference.batch_size": b.sequences}) for b in m.batch_sizes],
+    ),
+    (
+        "inference.kv.prefix_hit_tokens",
+        "{token}",
+        "prompt tokens served from the prefix cache",
+        _field("kv.prefix_hit_tokens"),
+    ),
     ("inference.kv.evictions", "{block}", "cached KV blocks evicted", _field("kv.evictions")),
     ("inference.grammar.compiles", "{grammar}", "grammars compiled", _field("grammar.compiles")),
     ("inference.grammar.cache_hits", "{grammar}", "grammar cache hits", _field("grammar.cache_hits")),
-    ("inference.grammar.constrained_tokens", "{token}", "constrained tokens produced",
-     _field("grammar.constrained_tokens")),
-    ("inference.grammar.forced_tokens", "{token}", "constrained tokens forced by the grammar",
-     _field("grammar.forced_tokens")),
+    (
+        "inference.grammar.constrained_tokens",
+        "{token}",
+        "constrained tokens produced",
+        _field("grammar.constrained_tokens"),
+    ),
+    (
+        "inference.grammar.forced_tokens",
+        "{token}",
+        "constrained tokens forced by the grammar",
+        _field("grammar.forced_tokens"),
+    ),
 ]
 
 GAUGES: list[Instrument] = [
     ("inference.requests.waiting", "{request}", "requests waiting now", _per_tier("waiting")),
     ("inference.requests.running", "{request}", "requests running now", _per_tier("running")),
     ("inference.latency", "ms", "latency over the recent window (queue_time, ttft, tpot, e2e)", _latency),
-    ("inference.throughput", "{token}/s", "generated tokens per second, last 10 s",
-     _field("throughput_tok_s")),
+    (
+        "inference.throughput",
+        "{token}/s",
+        "generated tokens per second, last 10 s",
+        _field("throughput_tok_s"),
+    ),
     ("inference.batch_size.mean", "{sequence}", "mean sequences per decode step", _field("mean_batch_size")),
-    ("inference.kv.blocks", "{block}", "KV blocks by state",
-     _by("inference.kv.state", {f: f"kv.blocks_{f}" for f in ("used", "cached", "free")})),
+    (
+        "inference.kv.blocks",
+        "{block}",
+        "KV blocks by state",
+        _by("inference.kv.state", {f: f"kv.blocks_{f}" for f in ("used", "cached", "free")}),
+    ),
     ("inference.kv.prefix_hit_rate", "1", "prefix-cache hit rate", _field("kv.prefix_hit_rate")),
-    ("inference.kv.holder_lanes", "{lane}", "llama sequence ids holding cached prefixes",
-     _field("kv.holder_seq_ids")),
-    ("inference.grammar.mask_time", "us", "mask time per constrained token",
-     _by("inference.statistic", {"p50": "grammar.mask_us_p50", "p99": "grammar.mask_us_p99"})),
+    (
+        "inference.kv.holder_lanes",
+        "{lane}",
+        "llama sequence ids holding cached prefixes",
+        _field("kv.holder_seq_ids"),
+    ),
+    (
+        "inference.grammar.mask_time",
+        "us",
+        "mask time per constrained token",
+        _by("inference.statistic", {"p50": "grammar.mask_us_p50", "p99": "grammar.mask_us_p99"}),
+    ),
     ("inference.uptime", "s", "seconds since the server started", _field("uptime_s")),
 ]
 
@@ -166,20 +210,30 @@ class RequestHistograms:
             )
 
         # Bucket boundaries: the ones the GenAI semantic conventions recommend.
-        self.duration = histogram("gen_ai.server.request.duration", "time from arrival to the last token",
-                                  [0.01 * 2**i for i in range(14)])
-        self.ttft = histogram("gen_ai.server.time_to_first_token", "time from arrival to the first token",
-                              [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                               5.0, 7.5, 10.0])
-        self.tpot = histogram("gen_ai.server.time_per_output_token", "time per output token after the first",
-                              [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5])
+        self.duration = histogram(
+            "gen_ai.server.request.duration",
+            "time from arrival to the last token",
+            [0.01 * 2**i for i in range(14)],
+        )
+        self.ttft = histogram(
+            "gen_ai.server.time_to_first_token",
+            "time from arrival to the first token",
+            [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0],
+        )
+        self.tpot = histogram(
+            "gen_ai.server.time_per_output_token",
+            "time per output token after the first",
+            [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5],
+        )
         self.model = model
 
     def record(self, seq: Sequence, event: Any) -> None:
         """Durations in seconds; TTFT/TPOT only for requests that produced those tokens."""
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": "text_completion", "gen_ai.provider.name": "llama.cpp",
-            "gen_ai.request.model": self.model, PRIO: seq.priority.name.lower(),
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.provider.name": "llama.cpp",
+            "gen_ai.request.model": self.model,
+            PRIO: seq.priority.name.lower(),
         }
         if isinstance(event, Error):
             attrs["error.type"] = event.status

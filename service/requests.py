@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
+
 from service.chat import ChatTemplate, ChatTemplateError
 from service.runner import Vocab
 from service.sequence import Priority, SamplingParams
@@ -28,7 +29,7 @@ class BadRequest(ValueError):
         self.status = status
 
 
-PRIORITIES = {
+PRIORITIES: dict[int, Priority] = {
     pb.PRIORITY_UNSPECIFIED: Priority.INTERACTIVE,
     pb.PRIORITY_INTERACTIVE: Priority.INTERACTIVE,
     pb.PRIORITY_BATCH: Priority.BATCH,
@@ -115,6 +116,12 @@ class RequestBuilder:
             if not s or len(s.encode()) > MAX_STOP_BYTES:
                 raise BadRequest(f"stop strings must be 1..{MAX_STOP_BYTES} bytes, got {len(s.encode())}")
         return SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            seed=sp.seed if sp.HasField("seed") else None, stop=stops, ignore_eos=sp.ignore_eos,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=sp.seed if sp.HasField("seed") else None,
+            stop=stops,
+            ignore_eos=sp.ignore_eos,
         )

@@ -85,8 +85,12 @@ class Vocab:
         self.eos_id: int = L.llama_vocab_eos(self.ptr)
         self.token_bytes: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.ptr, t))
-        self.bos_text = self._piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else ""
-        self.eos_text = self._piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else ""
+        self.bos_text = (
+            self._piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else ""
+        )
+        self.eos_text = (
+            self._piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else ""
+        )
         tmpl = L.llama_model_chat_template(model, None)
         self.chat_template: str | None = tmpl.decode("utf-8", "replace") if tmpl else None
 
@@ -161,7 +165,9 @@ class ModelRunner:
         """K+V bytes per token over all layers (f16 cache), from the GGUF metadata."""
         arch = _meta(self.model, "general.architecture") or ""
         layers = L.llama_model_n_layer(self.model)
-        heads_kv = int(_meta(self.model, f"{arch}.attention.head_count_kv") or L.llama_model_n_head_kv(self.model))
+        heads_kv = int(
+            _meta(self.model, f"{arch}.attention.head_count_kv") or L.llama_model_n_head_kv(self.model)
+        )
         n_embd, n_head = L.llama_model_n_embd(self.model), L.llama_model_n_head(self.model)
         k_len = int(_meta(self.model, f"{arch}.attention.key_length") or n_embd // n_head)
         v_len = int(_meta(self.model, f"{arch}.attention.value_length") or n_embd // n_head)
@@ -178,7 +184,7 @@ class ModelRunner:
         i32p = ctypes.POINTER(ctypes.c_int32)
         base = self._sid.ctypes.data
         self._sid_ptrs = (i32p * cap)(*[ctypes.cast(base + 4 * i, i32p) for i in range(cap)])
-        b = L.llama_batch()
+        b: Any = L.llama_batch()  # NOTE: fields are typed as arrays in the stubs; we store pointers
         b.token = self._tok.ctypes.data_as(i32p)
         b.embd = None
         b.pos = self._pos.ctypes.data_as(i32p)
@@ -187,7 +193,9 @@ class ModelRunner:
         b.logits = self._want.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self._batch = b
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, lanes: np.ndarray, want: np.ndarray) -> np.ndarray:
+    def decode(
+        self, tokens: np.ndarray, positions: np.ndarray, lanes: np.ndarray, want: np.ndarray
+    ) -> np.ndarray:
         """Run ONE ``llama_decode`` over a mixed batch; return the logits rows of ``want`` tokens.
 
         The result is a (n_out, n_vocab) float32 view valid until the next call;

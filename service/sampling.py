@@ -18,7 +18,9 @@ import numpy as np
 from service.sequence import SamplingParams
 
 
-def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:
+def sample_rows(
+    logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]
+) -> np.ndarray:
     """Sample one token per row of ``logits`` (n_rows, n_vocab); masked entries are -inf."""
     out = np.empty(len(params), dtype=np.int64)
     greedy = [i for i, p in enumerate(params) if p.greedy]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from service.paged_kv import KVBlockManager, KVOp
 from service.priority import QueuePolicy
-from service.sequence import FinishReason, Priority, Sequence, SeqStatus
+from service.sequence import FinishReason, Priority, SeqStatus, Sequence
 
 # A running sequence with at most this many uncomputed tokens is "decoding"
 # (more than one happens when a grammar forces tokens).

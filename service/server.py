@@ -19,9 +19,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
 from service.chat import ChatTemplate
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
@@ -44,13 +44,21 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None) -> Engine:
     """Load the model and build the engine (not started)."""
     runner = ModelRunner(
-        config.model, n_ctx=config.ctx, n_batch=config.step_tokens, n_lanes=config.kv_lanes,
+        config.model,
+        n_ctx=config.ctx,
+        n_batch=config.step_tokens,
+        n_lanes=config.kv_lanes,
         n_threads=config.threads,
     )
-    kv = KVBlockManager(runner.n_ctx // config.block_size, config.block_size, config.kv_lanes,
-                        prefix_cache=config.prefix_cache)
+    kv = KVBlockManager(
+        runner.n_ctx // config.block_size,
+        config.block_size,
+        config.kv_lanes,
+        prefix_cache=config.prefix_cache,
+    )
     engine_config = EngineConfig(
-        max_running=config.max_running, token_budget=config.step_tokens,
+        max_running=config.max_running,
+        token_budget=config.step_tokens,
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
     )
     return Engine(runner, kv, make_policy(config.scheduling, config.aging_s), engine_config, metrics)
@@ -78,7 +86,11 @@ class InferenceServer:
         pb_grpc.add_InferenceServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
             self.server,
         )
         self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -91,8 +103,12 @@ class InferenceServer:
         self.engine, self.grammar = engine, grammar
         self.servicer.attach(engine, builder, grammar)
         await self._set_health(SERVING)
-        log.info("SERVING after %.1f s (KV pool %d tokens in %d blocks)", time.monotonic() - t0,
-                 engine.kv.capacity_tokens, engine.kv.num_blocks)
+        log.info(
+            "SERVING after %.1f s (KV pool %d tokens in %d blocks)",
+            time.monotonic() - t0,
+            engine.kv.capacity_tokens,
+            engine.kv.num_blocks,
+        )
         return self.port
 
     def _load(self) -> tuple[Engine, RequestBuilder, GrammarService]:
@@ -100,7 +116,9 @@ class InferenceServer:
         self.telemetry.attach(engine)  # engine hooks, OTel metric callbacks
         vocab = engine.runner.vocab
         grammar = GrammarService(
-            vocab, engine.metrics, max_source_bytes=self.config.max_schema_bytes,
+            vocab,
+            engine.metrics,
+            max_source_bytes=self.config.max_schema_bytes,
             timeout_s=self.config.grammar_timeout_s,
         )
         engine.mask_batch = grammar.mask_batch(vocab.n_vocab, self.config.max_running)

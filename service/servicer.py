@@ -8,20 +8,21 @@ expired deadline) becomes ``engine.abort``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
 from service.continuous_batcher import Draining, Engine
-from service.priority import QueueFull
 from service.events import Delta, Done, Error
 from service.grammar_service import GrammarService
 from service.metrics_view import metrics_response
+from service.priority import QueueFull
 from service.requests import BadRequest, RequestBuilder
 from service.sequence import FinishReason, Priority, Sequence
 from service.telemetry import Telemetry
@@ -39,8 +40,11 @@ FINISH = {
 def done_proto(d: Done) -> pb.Done:
     return pb.Done(
         finish_reason=FINISH.get(d.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
-        usage=pb.Usage(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
-                       cached_tokens=d.cached_tokens),
+        usage=pb.Usage(
+            prompt_tokens=d.prompt_tokens,
+            completion_tokens=d.completion_tokens,
+            cached_tokens=d.cached_tokens,
+        ),
         timing=pb.Timing(queue_ms=d.queue_ms, ttft_ms=d.ttft_ms, total_ms=d.total_ms),
         preemptions=d.preemptions,
     )
@@ -72,12 +76,21 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly")
         if self.engine.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down; retry on another replica")
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "server is shutting down; retry on another replica"
+            )
 
     # -- shared request preparation ---------------------------------------------------------
     async def prepare(
-        self, request_id: str, prompt: str, messages: Any, sampling: pb.SamplingParams, priority: int,
-        fmt: tuple[str, str] | None, deadline: float | None, json_mode: bool = False,
+        self,
+        request_id: str,
+        prompt: str,
+        messages: Any,
+        sampling: pb.SamplingParams,
+        priority: int,
+        fmt: tuple[str, str] | None,
+        deadline: float | None,
+        json_mode: bool = False,
     ) -> Sequence:
         """Validate a request into a ready-to-submit Sequence; raises BadRequest."""
         prio = self.builder.priority(priority)
@@ -134,8 +147,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
         try:
             seq = await self.prepare(
-                f"json-{id(result):x}", request.prompt, request.messages, request.sampling,
-                request.priority, ("json_schema", request.json_schema), _deadline(context), json_mode=True,
+                f"json-{id(result):x}",
+                request.prompt,
+                request.messages,
+                request.sampling,
+                request.priority,
+                ("json_schema", request.json_schema),
+                _deadline(context),
+                json_mode=True,
             )
             seq.emit = on_event
             self.submit(seq)
@@ -172,7 +191,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except BadRequest as exc:
             await context.abort(grpc.StatusCode[exc.status], str(exc))
         d = done_proto(last)
-        return pb.GenerateJSONResponse(json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason)
+        return pb.GenerateJSONResponse(
+            json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason
+        )
 
     # -- GetMetrics ------------------------------------------------------------------------------
     async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -215,7 +236,9 @@ class _GenerateStream:
         elif not rid:
             self._error(rid, "INVALID_ARGUMENT", "request_id is empty")
         elif rid in self.active:
-            self._error(rid, "INVALID_ARGUMENT", f"duplicate request_id {rid!r}: a request with it is in flight")
+            self._error(
+                rid, "INVALID_ARGUMENT", f"duplicate request_id {rid!r}: a request with it is in flight"
+            )
         else:
             self.active[rid] = None
             task = asyncio.create_task(self._start(req))
@@ -235,9 +258,11 @@ class _GenerateStream:
         if rid in self.cancelled:  # cancelled while being prepared
             self.cancelled.discard(rid)
             self.active.pop(rid, None)
-            self._put(pb.GenerateResponse(request_id=rid, done=pb.Done(finish_reason=pb.FINISH_REASON_CANCELLED)))
+            self._put(
+                pb.GenerateResponse(request_id=rid, done=pb.Done(finish_reason=pb.FINISH_REASON_CANCELLED))
+            )
             return
-        seq.emit = lambda ev, s=seq: self.on_event(s, ev)
+        seq.emit = functools.partial(self.on_event, seq)
         try:
             self.sv.submit(seq)
         except QueueFull as exc:
@@ -251,7 +276,9 @@ class _GenerateStream:
     def on_event(self, seq: Sequence, ev: Any) -> None:
         rid = seq.request_id
         if isinstance(ev, Delta):
-            self._put(pb.GenerateResponse(request_id=rid, delta=pb.Delta(text=ev.text, token_ids=ev.token_ids)))
+            self._put(
+                pb.GenerateResponse(request_id=rid, delta=pb.Delta(text=ev.text, token_ids=ev.token_ids))
+            )
             return
         if self.active.get(rid) is seq:
             del self.active[rid]

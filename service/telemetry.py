@@ -56,9 +56,13 @@ class Telemetry:
     def on_submit(self, seq: Sequence) -> None:
         """Event loop thread: the request was validated and is about to be queued."""
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("request accepted: priority=%s prompt_tokens=%d max_tokens=%d",
-                      seq.priority.name.lower(), seq.num_prompt_tokens, seq.params.max_tokens,
-                      extra=self.log_fields(seq))
+            log.debug(
+                "request accepted: priority=%s prompt_tokens=%d max_tokens=%d",
+                seq.priority.name.lower(),
+                seq.num_prompt_tokens,
+                seq.params.max_tokens,
+                extra=self.log_fields(seq),
+            )
 
     def on_finish(self, seq: Sequence, event: Any) -> None:
         """Event loop thread: the request's final event (Done or Error) was produced.
@@ -72,8 +76,14 @@ class Telemetry:
             log.debug(
                 "request finished: reason=%s prompt_tokens=%d completion_tokens=%d cached_tokens=%d "
                 "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f preemptions=%d",
-                event.finish_reason.value, event.prompt_tokens, event.completion_tokens,
-                event.cached_tokens, event.queue_ms, event.ttft_ms, event.total_ms, event.preemptions,
+                event.finish_reason.value,
+                event.prompt_tokens,
+                event.completion_tokens,
+                event.cached_tokens,
+                event.queue_ms,
+                event.ttft_ms,
+                event.total_ms,
+                event.preemptions,
                 extra=self.log_fields(seq),
             )
 
@@ -130,7 +140,9 @@ class OTelTelemetry(Telemetry):
     """
 
     def __init__(
-        self, tracer_provider: Any = None, meter_provider: Any = None,
+        self,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
         closers: Iterable[Callable[[], None]] = (),
     ) -> None:
         self.tracer_provider = tracer_provider
@@ -189,8 +201,10 @@ class OTelTelemetry(Telemetry):
     def on_preempted(self, seq: Sequence, reason: str) -> None:
         span = seq.trace
         if span is not None:
-            span.add_event("preempted", {"inference.preemption.reason": reason,
-                                         "inference.generated_tokens": seq.num_generated})
+            span.add_event(
+                "preempted",
+                {"inference.preemption.reason": reason, "inference.generated_tokens": seq.num_generated},
+            )
 
     def on_finish(self, seq: Sequence, event: Any) -> None:
         super().on_finish(seq, event)
@@ -215,12 +229,14 @@ class OTelTelemetry(Telemetry):
 
 def _end_span(span: Any, seq: Sequence, event: Any) -> None:
     """Final attributes, the closing event and the status; then end the span."""
-    span.set_attributes({
-        "gen_ai.usage.output_tokens": seq.num_generated,
-        "gen_ai.usage.cache_read.input_tokens": seq.num_cached,
-        "gen_ai.response.finish_reasons": [_finish_reason(event)],
-        "inference.preemptions": seq.preemptions,
-    })
+    span.set_attributes(
+        {
+            "gen_ai.usage.output_tokens": seq.num_generated,
+            "gen_ai.usage.cache_read.input_tokens": seq.num_cached,
+            "gen_ai.response.finish_reasons": [_finish_reason(event)],
+            "inference.preemptions": seq.preemptions,
+        }
+    )
     if isinstance(event, Done):
         span.set_attributes({"inference.queue_ms": event.queue_ms, "inference.ttft_ms": event.ttft_ms})
         name = "cancelled" if event.finish_reason is FinishReason.CANCELLED else "finished"

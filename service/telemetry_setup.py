@@ -115,7 +115,9 @@ def make_telemetry(config: ServerConfig) -> Telemetry:
     meter_provider, closers = make_meter_provider(resource, metrics_otlp, prometheus)
     log.info(
         "telemetry: traces otlp=%s console=%s; metrics otlp=%s prometheus=%s",
-        traces_otlp, config.trace_console, metrics_otlp,
+        traces_otlp,
+        config.trace_console,
+        metrics_otlp,
         f"http://{config.host}:{config.prometheus_port}/metrics" if prometheus else "off",
     )
     return OTelTelemetry(tracer_provider, meter_provider, closers)

@@ -73,8 +73,16 @@ class RunningServer:
 def start_server(**overrides: Any) -> RunningServer:
     if not DEFAULT_MODEL.is_file():
         pytest.fail(f"{DEFAULT_MODEL} missing: run `make model`")
-    base = dict(model=str(DEFAULT_MODEL), host="127.0.0.1", port=0, ctx=4096, max_running=8, kv_lanes=64,
-                step_tokens=128, threads=2)
+    base = dict(
+        model=str(DEFAULT_MODEL),
+        host="127.0.0.1",
+        port=0,
+        ctx=4096,
+        max_running=8,
+        kv_lanes=64,
+        step_tokens=128,
+        threads=2,
+    )
     base.update(overrides)
     return RunningServer(ServerConfig(**base))
 

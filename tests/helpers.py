@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -97,8 +96,9 @@ class MarginRecorder:
             self.rows.setdefault(s.request_id, []).append({int(t): float(row[t]) for t in top})
 
 
-def assert_same_greedy(reference: list[int], other: list[int], rows: list[dict[int, float]],
-                       tol: float = 0.5) -> None:
+def assert_same_greedy(
+    reference: list[int], other: list[int], rows: list[dict[int, float]], tol: float = 0.5
+) -> None:
     """Token-for-token equality, except a divergence where the reference was a near-tie.
 
     NOTE: llama.cpp's results depend slightly on batch shape and on which KV

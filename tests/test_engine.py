@@ -7,9 +7,9 @@ import time
 
 import grpc
 import pytest
-
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
 from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
 from tests.helpers import MarginRecorder, OpenStream, assert_same_greedy, collect, req, run_stream
 
@@ -49,7 +49,9 @@ def test_many_requests_share_decode_steps(server: RunningServer, channel: grpc.C
     assert_kv_clean(server)
 
 
-def _alone_and_batched(server: RunningServer, channel: grpc.Channel, n_tokens: int) -> tuple[dict, dict, dict]:
+def _alone_and_batched(
+    server: RunningServer, channel: grpc.Channel, n_tokens: int
+) -> tuple[dict, dict, dict]:
     rec = MarginRecorder()
     alone = {}
     server.engine.logits_hook = rec
@@ -123,6 +125,7 @@ def test_seed_reproducible() -> None:
     srv = start_server(prefix_cache=False, kv_lanes=16, max_running=4)
     try:
         with grpc.insecure_channel(srv.target) as ch:
+
             def sample(seed: int) -> str:
                 prompt = "Write a short poem about the sea."
                 return run_stream(ch, [req("x", prompt, 24, temperature=0.9, seed=seed)])["x"].text
@@ -148,7 +151,9 @@ def test_stop_string_never_leaks(channel: grpc.Channel) -> None:
 
 def test_utf8_never_broken(server: RunningServer, channel: grpc.Channel) -> None:
     token_bytes = server.engine.runner.vocab.token_bytes
-    r = run_stream(channel, [req("u", "Translate to Japanese and Chinese: good morning, friend! 日本語:", 48)])["u"]
+    r = run_stream(
+        channel, [req("u", "Translate to Japanese and Chinese: good morning, friend! 日本語:", 48)]
+    )["u"]
     pieces = [token_bytes[t] for t in r.token_ids]
     split = sum(1 for p in pieces if _broken(p))
     assert split > 0, "prompt produced no split multi-byte character; the test would prove nothing"
@@ -176,7 +181,9 @@ def test_chat_template(server: RunningServer, channel: grpc.Channel) -> None:
     # A caller's system message replaces the template's default one.
     sys_msgs = [pb.ChatMessage(role="system", content="Be brief."), *msgs]
     r2 = run_stream(channel, [req("c2", "", 4, messages=sys_msgs)])["c2"]
-    rendered2 = server.server.servicer.builder.template.render([("system", "Be brief."), ("user", msgs[0].content)])
+    rendered2 = server.server.servicer.builder.template.render(
+        [("system", "Be brief."), ("user", msgs[0].content)]
+    )
     assert "SmolLM" not in rendered2
     assert r2.done.usage.prompt_tokens == len(server.engine.runner.vocab.tokenize(rendered2))
     bad = run_stream(channel, [req("c3", "", 4, messages=[pb.ChatMessage(role="robot", content="hi")])])["c3"]
@@ -198,8 +205,9 @@ def test_chat_template(server: RunningServer, channel: grpc.Channel) -> None:
         (pb.GenerateRequest(request_id="nope", cancel=True), "NOT_FOUND", "nope"),
     ],
 )
-def test_bad_input_leaves_others_running(channel: grpc.Channel, bad: pb.GenerateRequest, status: str,
-                                         needle: str) -> None:
+def test_bad_input_leaves_others_running(
+    channel: grpc.Channel, bad: pb.GenerateRequest, status: str, needle: str
+) -> None:
     out = run_stream(channel, [req("ok1", PROMPTS[0], 8), bad, req("ok2", PROMPTS[1], 8)])
     err = out[bad.request_id].error
     assert err is not None and err.status == status and needle in err.message, err
@@ -209,9 +217,11 @@ def test_bad_input_leaves_others_running(channel: grpc.Channel, bad: pb.Generate
 
 
 def test_duplicate_request_id(channel: grpc.Channel) -> None:
-    out_events = list(pb_grpc.InferenceServiceStub(channel).Generate(
-        iter([req("dup", PROMPTS[0], 12), req("dup", PROMPTS[1], 12)])
-    ))
+    out_events = list(
+        pb_grpc.InferenceServiceStub(channel).Generate(
+            iter([req("dup", PROMPTS[0], 12), req("dup", PROMPTS[1], 12)])
+        )
+    )
     errors = [e for e in out_events if e.WhichOneof("event") == "error"]
     dones = [e for e in out_events if e.WhichOneof("event") == "done"]
     assert len(errors) == 1 and "duplicate" in errors[0].error.message

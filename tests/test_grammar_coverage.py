@@ -49,8 +49,13 @@ def _init_worker(model: str) -> None:
 
     vocab = Vocab.load(model)
     tok = vocab.ll_tokenizer()
-    _W.update(jg=jg, vocab=vocab, tok=tok, comp=jg.GrammarCompiler(tok, cache_size=8),
-              masks=jg.MaskBatch(tok, vocab.n_vocab, 1, threads=1))
+    _W.update(
+        jg=jg,
+        vocab=vocab,
+        tok=tok,
+        comp=jg.GrammarCompiler(tok, cache_size=8),
+        masks=jg.MaskBatch(tok, vocab.n_vocab, 1, threads=1),
+    )
     warm, _, _ = _W["comp"].compile("regex", "warm")  # starts the executor's thread before timing
     _W["masks"].fill_and_apply([_W["comp"].matcher(warm)], np.zeros((1, vocab.n_vocab), np.float32), [0])
 
@@ -111,9 +116,19 @@ def _check_schema(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     index, row = item
     jg = _W["jg"]
     res: dict[str, Any] = {
-        "id": row["id"], "split": row["split"], "index": index, "compiled": False, "error": None,
-        "approximations": [], "n": len(row["tests"]), "false_rejects": [], "false_accepts": [],
-        "grammar_false_accepts": 0, "validated_false_accepts": 0, "mask_us": None, "compile_ms": 0.0,
+        "id": row["id"],
+        "split": row["split"],
+        "index": index,
+        "compiled": False,
+        "error": None,
+        "approximations": [],
+        "n": len(row["tests"]),
+        "false_rejects": [],
+        "false_accepts": [],
+        "grammar_false_accepts": 0,
+        "validated_false_accepts": 0,
+        "mask_us": None,
+        "compile_ms": 0.0,
     }
     try:
         compiled, _, res["compile_ms"] = _W["comp"].compile("json_schema", json.dumps(row["schema"]))
@@ -198,7 +213,7 @@ def _reorder(value: Any, schemas: list[Any], root: Any) -> Any:
 def run(dataset: Path, model: Path, workers: int) -> dict[str, Any]:
     rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
     items = list(enumerate(rows))
-    chunks = [items[i::workers * 8] for i in range(workers * 8)]
+    chunks = [items[i :: workers * 8] for i in range(workers * 8)]
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")  # NOTE: no fork: the parent may run llguidance/gRPC threads
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(str(model),)) as ex:
@@ -216,8 +231,10 @@ def summarize(results: list[dict[str, Any]], runtime_s: float, workers: int) -> 
     with_tests = [r for r in results if r["n"]]
     masks = [us for r in results if r["mask_us"] for us, _ in r["mask_us"]]
     applied = [us for r in results if r["mask_us"] for _, us in r["mask_us"]]
-    slowest = max(((us, r["id"], step) for r in results if r["mask_us"] for step, (us, _) in
-                   enumerate(r["mask_us"])), default=(0.0, "", 0))
+    slowest = max(
+        ((us, r["id"], step) for r in results if r["mask_us"] for step, (us, _) in enumerate(r["mask_us"])),
+        default=(0.0, "", 0),
+    )
     fr = [f for r in results for f in r["false_rejects"]]
     splits: dict[str, dict[str, int]] = {}
     for r in results:
@@ -228,29 +245,49 @@ def summarize(results: list[dict[str, Any]], runtime_s: float, workers: int) -> 
         s["false_rejects"] += len(r["false_rejects"])
         s["false_accepts"] += len(r["false_accepts"])
     return {
-        "schemas": n, "instances": sum(r["n"] for r in results),
+        "schemas": n,
+        "instances": sum(r["n"] for r in results),
         "compiled": sum(r["compiled"] for r in results),
         "compile_rate": round(sum(r["compiled"] for r in results) / n, 4),
         "approximated": sum(bool(r["approximations"]) for r in results),
-        "passed": len(ok), "pass_rate": round(len(ok) / n, 4),
+        "passed": len(ok),
+        "pass_rate": round(len(ok) / n, 4),
         "pass_rate_schemas_with_instances": round(
-            sum(r["index"] in ok for r in with_tests) / max(1, len(with_tests)), 4),
-        "false_rejects": len(fr), "false_reject_causes": dict(Counter(f["cause"] for f in fr)),
+            sum(r["index"] in ok for r in with_tests) / max(1, len(with_tests)), 4
+        ),
+        "false_rejects": len(fr),
+        "false_reject_causes": dict(Counter(f["cause"] for f in fr)),
         "false_accepts": sum(len(r["false_accepts"]) for r in results),
         "grammar_only_false_accepts_exact_schemas": sum(r["grammar_false_accepts"] for r in results),
         "false_accepts_with_validation_everywhere": sum(r["validated_false_accepts"] for r in results),
-        "compile_errors": dict(Counter(r["error"].split(":")[0] + ": " + r["error"].split(": ", 1)[1][:70]
-                                       for r in results if r["error"]).most_common()),
+        "compile_errors": dict(
+            Counter(
+                r["error"].split(":")[0] + ": " + r["error"].split(": ", 1)[1][:70]
+                for r in results
+                if r["error"]
+            ).most_common()
+        ),
         "approximations": dict(Counter(a for r in results for a in r["approximations"]).most_common()),
-        "compile_ms": {"p50": _pct([r["compile_ms"] for r in results if r["compiled"]], 50),
-                       "p99": _pct([r["compile_ms"] for r in results if r["compiled"]], 99)},
-        "mask_us_per_token": {"n": len(masks), "p50": _pct(masks, 50), "p99": _pct(masks, 99),
-                              "max": round(slowest[0], 1), "max_at": f"{slowest[1]} step {slowest[2]}"},
+        "compile_ms": {
+            "p50": _pct([r["compile_ms"] for r in results if r["compiled"]], 50),
+            "p99": _pct([r["compile_ms"] for r in results if r["compiled"]], 99),
+        },
+        "mask_us_per_token": {
+            "n": len(masks),
+            "p50": _pct(masks, 50),
+            "p99": _pct(masks, 99),
+            "max": round(slowest[0], 1),
+            "max_at": f"{slowest[1]} step {slowest[2]}",
+        },
         "fill_and_apply_us_per_token": {"p50": _pct(applied, 50), "p99": _pct(applied, 99)},
         "by_split": {k: dict(v) for k, v in sorted(splits.items())},
-        "failing": {r["id"]: r["error"] or [f["cause"] for f in r["false_rejects"]] or "false accept"
-                    for r in results if r["index"] not in ok},
-        "runtime_s": round(runtime_s, 1), "workers": workers,
+        "failing": {
+            r["id"]: r["error"] or [f["cause"] for f in r["false_rejects"]] or "false accept"
+            for r in results
+            if r["index"] not in ok
+        },
+        "runtime_s": round(runtime_s, 1),
+        "workers": workers,
     }
 
 
@@ -278,8 +315,10 @@ def report(summary: dict[str, Any]) -> str:
         f"{'split':<16}{'schemas':>8}{'compiled':>9}{'passed':>8}{'FR':>5}{'FA':>5}",
     ]
     for name, v in s["by_split"].items():
-        lines.append(f"{name:<16}{v['schemas']:>8}{v['compiled']:>9}{v['passed']:>8}"
-                     f"{v['false_rejects']:>5}{v['false_accepts']:>5}")
+        lines.append(
+            f"{name:<16}{v['schemas']:>8}{v['compiled']:>9}{v['passed']:>8}"
+            f"{v['false_rejects']:>5}{v['false_accepts']:>5}"
+        )
     return "\n".join(lines)
 
 

@@ -90,8 +90,10 @@ def test_cache_is_bounded_lru(ll_tok: Any) -> None:
 def test_concurrent_compiles_of_one_source_compile_once(compiler: Any) -> None:
     src = json.dumps({"type": "array", "items": PERSON})
     results: list[tuple[Any, bool, float]] = []
-    threads = [threading.Thread(target=lambda: results.append(compiler.compile("json_schema", src)))
-               for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: results.append(compiler.compile("json_schema", src)))
+        for _ in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -104,8 +106,13 @@ def test_concurrent_compiles_of_one_source_compile_once(compiler: Any) -> None:
 CIRCULAR = {
     "definitions": {
         "Child": {"type": "object"},
-        "Foo": {"type": "object", "required": ["kids"], "properties": {
-            "kids": {"allOf": [{"$ref": "#/definitions/Foo"}, {"$ref": "#/definitions/Child"}]}}},
+        "Foo": {
+            "type": "object",
+            "required": ["kids"],
+            "properties": {
+                "kids": {"allOf": [{"$ref": "#/definitions/Foo"}, {"$ref": "#/definitions/Child"}]}
+            },
+        },
     },
     "$ref": "#/definitions/Foo",
 }
@@ -176,23 +183,44 @@ def test_compile_timeout(ll_tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 # -- approximations -----------------------------------------------------------------------------
 APPROX = [
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf->anyOf", "3.5", "3"),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "ignored: uniqueItems",
-     "[1,2]", "[1,1]"),
+    (
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        "ignored: uniqueItems",
+        "[1,2]",
+        "[1,1]",
+    ),
     ({"type": "string", "format": "xyz"}, "format:xyz ignored", '"abc"', None),
     ({"type": "integer", "not": {"const": 3}}, "ignored: not", "4", "3"),
-    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-      "if": {"required": ["a"]}, "then": {"required": ["b"]}},
-     "ignored: if, then", '{"a":1,"b":2}', '{"a":1}'),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1},
-     "ignored: minProperties/maxProperties", '{"a":1}', "{}"),
-    ({"type": "string", "pattern": "^(?!x)[a-z]+$"}, "ignored: pattern unsupported by the grammar engine",
-     '"abc"', '"xbc"'),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "if": {"required": ["a"]},
+            "then": {"required": ["b"]},
+        },
+        "ignored: if, then",
+        '{"a":1,"b":2}',
+        '{"a":1}',
+    ),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1},
+        "ignored: minProperties/maxProperties",
+        '{"a":1}',
+        "{}",
+    ),
+    (
+        {"type": "string", "pattern": "^(?!x)[a-z]+$"},
+        "ignored: pattern unsupported by the grammar engine",
+        '"abc"',
+        '"xbc"',
+    ),
 ]
 
 
 @pytest.mark.parametrize(("schema", "label", "good", "bad"), APPROX, ids=[a[1] for a in APPROX])
-def test_approximated_features(compiler: Any, vocab: Any, schema: dict[str, Any], label: str, good: str,
-                               bad: str | None) -> None:
+def test_approximated_features(
+    compiler: Any, vocab: Any, schema: dict[str, Any], label: str, good: str, bad: str | None
+) -> None:
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
     assert label in compiled.approximations, compiled.approximations
     assert accepts(compiler, compiled, vocab, good)
@@ -205,8 +233,13 @@ def test_approximated_features(compiler: Any, vocab: Any, schema: dict[str, Any]
 
 
 def test_keyword_names_as_property_names_are_kept(compiler: Any, vocab: Any) -> None:
-    schema = {"type": "object", "properties": {"not": {"type": "integer"}, "format": {"type": "string"}},
-              "required": ["not"], "additionalProperties": False, "not": {"required": ["format"]}}
+    schema = {
+        "type": "object",
+        "properties": {"not": {"type": "integer"}, "format": {"type": "string"}},
+        "required": ["not"],
+        "additionalProperties": False,
+        "not": {"required": ["format"]},
+    }
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
     assert compiled.approximations == ("ignored: not",)
     assert accepts(compiler, compiled, vocab, '{"not":1}')
@@ -233,11 +266,14 @@ def test_client_x_guidance_cannot_change_layout(compiler: Any, vocab: Any) -> No
 
 
 # -- other kinds ----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("kind", "source"), [
-    ("regex", "(yes|no)"),
-    ("lark", 'start: "yes" | "no"'),
-    ("gbnf", 'root ::= "yes" | "no"'),
-])
+@pytest.mark.parametrize(
+    ("kind", "source"),
+    [
+        ("regex", "(yes|no)"),
+        ("lark", 'start: "yes" | "no"'),
+        ("gbnf", 'root ::= "yes" | "no"'),
+    ],
+)
 def test_regex_lark_gbnf(compiler: Any, vocab: Any, kind: str, source: str) -> None:
     compiled, _, _ = compiler.compile(kind, source)
     assert compiled.kind == kind and compiled.schema is None
@@ -310,7 +346,7 @@ def test_mask_batch_masks_constrained_rows_only(compiler: Any, vocab: Any, ll_to
     for row, compiled in ((0, a), (2, b)):
         finite = set(np.flatnonzero(np.isfinite(logits[row])).tolist())
         assert finite == allowed_set(compiler, compiled, vocab.n_vocab)
-        assert np.isneginf(logits[row, vocab.n_vocab:]).all()
+        assert np.isneginf(logits[row, vocab.n_vocab :]).all()
         np.testing.assert_array_equal(logits[row, sorted(finite)], before[row, sorted(finite)])
     assert toks(vocab, "yes")[0] in set(np.flatnonzero(np.isfinite(logits[0])).tolist())
     assert not np.isfinite(logits[2, toks(vocab, "yes")[0]])
@@ -363,8 +399,13 @@ def test_validate_document(compiler: Any) -> None:
 
 
 def test_validate_document_checks_formats(compiler: Any) -> None:
-    schema = {"type": "object", "properties": {"home": {"type": "string", "format": "iri"},
-                                               "ip": {"type": "string", "format": "ipv4"}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "home": {"type": "string", "format": "iri"},
+            "ip": {"type": "string", "format": "ipv4"},
+        },
+    }
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
     assert "format:iri ignored" in compiled.approximations
     jg.validate_document(compiled, '{"home":"https://example.org/ü","ip":"10.0.0.1"}')

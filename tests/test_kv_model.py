@@ -48,8 +48,10 @@ def small_pool() -> RunningServer:
     srv.close()
 
 
-PROMPTS = [f"Write a long story about a {w} who travels the world." for w in
-           ("baker", "pilot", "robot", "sailor", "painter", "farmer", "doctor", "poet")]
+PROMPTS = [
+    f"Write a long story about a {w} who travels the world."
+    for w in ("baker", "pilot", "robot", "sailor", "painter", "farmer", "doctor", "poet")
+]
 
 
 def test_small_pool_preempts_and_everyone_matches_alone(small_pool: RunningServer) -> None:

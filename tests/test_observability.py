@@ -45,8 +45,16 @@ TRACEPARENT = (("traceparent", f"00-{TRACE_ID:032x}-{PARENT_ID:016x}-01"),)
 
 
 def config(**overrides: Any) -> ServerConfig:
-    base: dict[str, Any] = dict(model=str(DEFAULT_MODEL), host="127.0.0.1", port=0, ctx=4096, max_running=8,
-                                kv_lanes=64, step_tokens=128, threads=2)
+    base: dict[str, Any] = dict(
+        model=str(DEFAULT_MODEL),
+        host="127.0.0.1",
+        port=0,
+        ctx=4096,
+        max_running=8,
+        kv_lanes=64,
+        step_tokens=128,
+        threads=2,
+    )
     return ServerConfig(**{**base, **overrides})
 
 
@@ -77,8 +85,11 @@ def free_port() -> int:
 
 
 def test_tracing_off_is_the_noop_base(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    ):
         monkeypatch.delenv(name, raising=False)
     telemetry = make_telemetry(config())
     assert type(telemetry) is Telemetry and not telemetry.enabled
@@ -86,6 +97,21 @@ def test_tracing_off_is_the_noop_base(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert type(make_telemetry(config())) is Telemetry
+
+
+def test_make_telemetry_follows_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    console = make_telemetry(config(trace_console=True))
+    assert isinstance(console, OTelTelemetry) and console.enabled and len(console.server_interceptors()) == 1
+    console.shutdown()
+    port = free_port()
+    metrics_only = make_telemetry(config(prometheus_port=port))
+    assert isinstance(metrics_only, OTelTelemetry) and not metrics_only.enabled
+    assert metrics_only.server_interceptors() == []
+    assert urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).status == 200
+    metrics_only.shutdown()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
 # -- health ------------------------------------------------------------------------------------
@@ -99,8 +125,10 @@ def _watch(channel: grpc.Channel, out: queue.Queue[int]) -> None:
 
 def _statuses(channel: grpc.Channel) -> set[int]:
     stub = health_pb2_grpc.HealthStub(channel)
-    return {stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=10, wait_for_ready=True).status
-            for s in ("", SERVICE_NAME)}
+    return {
+        stub.Check(health_pb2.HealthCheckRequest(service=s), timeout=10, wait_for_ready=True).status
+        for s in ("", SERVICE_NAME)
+    }
 
 
 @pytest.mark.model
@@ -117,8 +145,10 @@ def test_health_not_serving_while_loading_and_draining() -> None:
         threading.Thread(target=_watch, args=(ch, seen), daemon=True).start()
         assert seen.get(timeout=10) == NOT_SERVING
         stub = pb_grpc.InferenceServiceStub(ch)
-        for call in (lambda: run_stream(ch, [req("early", "Hi", 2)]),
-                     lambda: stub.GetMetrics(pb.GetMetricsRequest())):
+        for call in (
+            lambda: run_stream(ch, [req("early", "Hi", 2)]),
+            lambda: stub.GetMetrics(pb.GetMetricsRequest()),
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 call()
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "loading" in str(err.value.details())
@@ -227,7 +257,7 @@ def test_request_span_is_child_of_rpc_span_of_caller_trace(traced: Traced) -> No
     with grpc.insecure_channel(traced.srv.target) as ch:
         request = req("t1", "The sky is", 5, ignore_eos=True, top_p=0.9, seed=7)
         res = run_stream(ch, [request], metadata=TRACEPARENT)
-    done = res["t1"].done
+    done: Any = res["t1"].done
     time.sleep(0.1)  # the RPC span ends just after the last response
     spans = traced.spans_of(TRACE_ID)
     rpc = next(s for s in spans if s.kind is SpanKind.SERVER)
@@ -235,7 +265,7 @@ def test_request_span_is_child_of_rpc_span_of_caller_trace(traced: Traced) -> No
     span = _request_span(spans, "t1")
     assert span.kind is SpanKind.INTERNAL and span.parent.span_id == rpc.context.span_id
     assert span.name == f"text_completion {DEFAULT_MODEL.name}"
-    a = span.attributes
+    a: Any = span.attributes
     assert (a["gen_ai.operation.name"], a["gen_ai.request.model"]) == ("text_completion", DEFAULT_MODEL.name)
     assert (a["gen_ai.request.max_tokens"], a["gen_ai.request.temperature"]) == (5, 0.0)
     assert a["gen_ai.request.top_p"] == pytest.approx(0.9) and a["gen_ai.request.seed"] == 7
@@ -267,7 +297,8 @@ def test_preemption_rejection_and_cancellation_are_traced(traced: Traced) -> Non
         stream.close()
         stream.join()
     assert finals["refused"].error.status == "RESOURCE_EXHAUSTED"
-    spans = {s.attributes.get("inference.request_id"): s for s in traced.spans.get_finished_spans()}
+    spans: dict[Any, Any] = {s.attributes.get("inference.request_id"): s  # type: ignore[union-attr]
+                             for s in traced.spans.get_finished_spans()}
     long = spans["long"]
     names = [e.name for e in long.events]
     assert names[:3] == ["queued", "scheduled", "first_token"] and names[-1] == "cancelled", names
@@ -287,15 +318,19 @@ def test_request_log_lines_carry_request_and_trace_ids(traced: Traced, caplog: A
         run_stream(ch, [req("logged", "Hi", 2)], metadata=TRACEPARENT)
     finished = [r for r in caplog.records if r.getMessage().startswith("request finished")]
     record = next(r for r in finished if getattr(r, "request_id", None) == "logged")
-    assert record.trace_id == f"{TRACE_ID:032x}"  # type: ignore[attr-defined]
+    assert getattr(record, "trace_id", None) == f"{TRACE_ID:032x}"
     assert '"request_id": "logged"' in JsonFormatter().format(record)
     assert f"trace_id={TRACE_ID:032x}" in TextFormatter().format(record)
 
 
 def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
-    data = reader.get_metrics_data()
-    return {m.name: list(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics
-            for m in sm.metrics}
+    data: Any = reader.get_metrics_data()
+    return {
+        m.name: list(m.data.data_points)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
 
 
 @pytest.mark.model
@@ -311,14 +346,20 @@ def test_otel_and_prometheus_metrics_match_get_metrics(traced: Traced) -> None:
     assert points["inference.generated_tokens"][0].value == m.generated_tokens_total
     blocks = {p.attributes["inference.kv.state"]: p.value for p in points["inference.kv.blocks"]}
     assert sum(blocks.values()) == m.kv.blocks_total
-    ttft = [p for p in points["gen_ai.server.time_to_first_token"]
-            if p.attributes["inference.priority"] == "interactive"]
+    ttft = [
+        p
+        for p in points["gen_ai.server.time_to_first_token"]
+        if p.attributes["inference.priority"] == "interactive"
+    ]
     assert ttft[0].count == inter.ttft.count
     time.sleep(SNAPSHOT_WAIT)
     url = f"http://127.0.0.1:{traced.prometheus_port}/metrics"
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    line = next(x for x in text.splitlines() if x.startswith("inference_requests_accepted_total{")
-                and 'inference_priority="interactive"' in x)
+    line = next(
+        x
+        for x in text.splitlines()
+        if x.startswith("inference_requests_accepted_total{") and 'inference_priority="interactive"' in x
+    )
     assert float(line.rsplit(" ", 1)[1]) == inter.requests_total
     assert "gen_ai_server_request_duration_seconds_bucket" in text
 
@@ -357,8 +398,13 @@ def test_spans_reach_an_otlp_receiver_with_the_callers_trace(monkeypatch: pytest
     finally:
         srv.close()  # shuts the telemetry down: flushes the batch processor
         receiver.stop(1)
-    spans = {s.name: (rs, s) for r in collector.requests for rs in r.resource_spans for ss in rs.scope_spans
-             for s in ss.spans}
+    spans = {
+        s.name: (rs, s)
+        for r in collector.requests
+        for rs in r.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+    }
     rs, rpc = spans["/inference.v1.InferenceService/Generate"]
     _, span = spans[f"text_completion {DEFAULT_MODEL.name}"]
     assert rpc.trace_id == span.trace_id == TRACE_ID.to_bytes(16, "big")

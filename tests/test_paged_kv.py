@@ -129,8 +129,10 @@ class KVMachine(RuleBasedStateMachine):
         self.running: list[Sequence] = []
         self.n = 0
 
-    @rule(prefix=st.sampled_from([[], [1, 2, 3], [1, 2, 3, 4, 5, 6], [7, 7, 7]]),
-          tail=st.lists(st.integers(0, 9), min_size=1, max_size=8))
+    @rule(
+        prefix=st.sampled_from([[], [1, 2, 3], [1, 2, 3, 4, 5, 6], [7, 7, 7]]),
+        tail=st.lists(st.integers(0, 9), min_size=1, max_size=8),
+    )
     def arrive(self, prefix: list[int], tail: list[int]) -> None:
         self.n += 1
         s = seq(prefix + tail, f"r{self.n}")

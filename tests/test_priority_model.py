@@ -6,9 +6,9 @@ import time
 
 import grpc
 import pytest
-
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
 from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
 from tests.helpers import MarginRecorder, OpenStream, assert_same_greedy, req, run_stream
 
@@ -18,8 +18,16 @@ TOPICS = ("rivers", "mountains", "volcanoes", "deserts", "glaciers", "forests", 
 
 
 def batch_reqs(n_tokens: int) -> list[pb.GenerateRequest]:
-    return [req(f"b{i}", f"An encyclopedia entry about {t}:", n_tokens, ignore_eos=True,
-                priority=pb.PRIORITY_BATCH) for i, t in enumerate(TOPICS)]
+    return [
+        req(
+            f"b{i}",
+            f"An encyclopedia entry about {t}:",
+            n_tokens,
+            ignore_eos=True,
+            priority=pb.PRIORITY_BATCH,
+        )
+        for i, t in enumerate(TOPICS)
+    ]
 
 
 def test_interactive_preempts_full_batch_and_batch_output_is_unchanged(
@@ -62,7 +70,10 @@ def test_interactive_preempts_full_batch_and_batch_output_is_unchanged(
             finished.add(ev.request_id)
     stream.close()
     stream.join()
-    assert first_inter_step is not None and first_inter_step - steps_before <= 4, (steps_before, first_inter_step)
+    assert first_inter_step is not None and first_inter_step - steps_before <= 4, (
+        steps_before,
+        first_inter_step,
+    )
     gained = eng.scheduler.preemptions - preempt_before
     assert gained[(pb.PRIORITY_BATCH - 1, "priority")] >= 1 or sum(gained.values()) >= 1
     for rid, ref in reference.items():
@@ -72,15 +83,24 @@ def test_interactive_preempts_full_batch_and_batch_output_is_unchanged(
 
 @pytest.fixture(scope="module")
 def tight() -> RunningServer:
-    srv = start_server(max_running=1, queue_limit_interactive=1, queue_limit_batch=1, kv_lanes=8, step_tokens=64)
+    srv = start_server(
+        max_running=1, queue_limit_interactive=1, queue_limit_batch=1, kv_lanes=8, step_tokens=64
+    )
     yield srv
     srv.close()
 
 
 def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
     with grpc.insecure_channel(tight.target) as ch:
-        out = run_stream(ch, [req("a", "Tell me a story.", 40, ignore_eos=True), req("b", "Hi", 4),
-                              req("c", "Hello", 4), req("d", "Hey", 4)])
+        out = run_stream(
+            ch,
+            [
+                req("a", "Tell me a story.", 40, ignore_eos=True),
+                req("b", "Hi", 4),
+                req("c", "Hello", 4),
+                req("d", "Hey", 4),
+            ],
+        )
         errors = {k: r.error for k, r in out.items() if r.error is not None}
         assert errors, "a full interactive queue must reject"
         for e in errors.values():

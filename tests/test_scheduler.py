@@ -7,7 +7,7 @@ import pytest
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, FCFSPolicy, PriorityPolicy, QueueFull
 from service.scheduler import Scheduler
-from service.sequence import FinishReason, Priority, SamplingParams, Sequence, SeqStatus
+from service.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
 from tests.sim import ShadowKV, append_token, drive, fake_forward
 
 
@@ -19,18 +19,42 @@ class Clock:
         return self.t
 
 
-def mkseq(rid: str, n_prompt: int, max_tokens: int = 4, prio: Priority = Priority.INTERACTIVE,
-          arrival: float = 1000.0, base: int = 0) -> Sequence:
-    s = Sequence(request_id=rid, token_ids=[base + i % 7 for i in range(n_prompt)],
-                 params=SamplingParams(max_tokens=max_tokens), priority=prio, arrival=arrival)
+def mkseq(
+    rid: str,
+    n_prompt: int,
+    max_tokens: int = 4,
+    prio: Priority = Priority.INTERACTIVE,
+    arrival: float = 1000.0,
+    base: int = 0,
+) -> Sequence:
+    s = Sequence(
+        request_id=rid,
+        token_ids=[base + i % 7 for i in range(n_prompt)],
+        params=SamplingParams(max_tokens=max_tokens),
+        priority=prio,
+        arrival=arrival,
+    )
     return s
 
 
-def make(num_blocks: int = 64, block_size: int = 4, lanes: int = 16, max_running: int = 4, budget: int = 32,
-         policy: object = None, clock: Clock | None = None) -> tuple[Scheduler, ShadowKV]:
+def make(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    lanes: int = 16,
+    max_running: int = 4,
+    budget: int = 32,
+    policy: object = None,
+    clock: Clock | None = None,
+) -> tuple[Scheduler, ShadowKV]:
     kv = KVBlockManager(num_blocks, block_size, lanes)
-    sched = Scheduler(kv, policy or PriorityPolicy(aging_s=10.0), max_running=max_running, token_budget=budget,
-                      append_token=append_token, clock=clock or Clock())
+    sched = Scheduler(
+        kv,
+        policy or PriorityPolicy(aging_s=10.0),
+        max_running=max_running,
+        token_budget=budget,
+        append_token=append_token,
+        clock=clock or Clock(),
+    )
     return sched, ShadowKV(num_blocks * block_size)
 
 
@@ -66,7 +90,9 @@ def test_victim_is_cheapest_batch_never_interactive() -> None:
     assert policy.pick_victim(cand, [b_big, b_small, inter], now=0.0) is b_small
     assert policy.pick_victim(cand, [inter], now=0.0) is None
     batch_cand = mkseq("b", 3, prio=Priority.BATCH)
-    assert policy.pick_victim(batch_cand, [b_big, b_small], now=0.0) is None  # batch never preempts for admission
+    assert (
+        policy.pick_victim(batch_cand, [b_big, b_small], now=0.0) is None
+    )  # batch never preempts for admission
 
 
 def test_budget_decodes_first_then_chunked_prefill() -> None:

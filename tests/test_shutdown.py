@@ -11,10 +11,12 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -37,11 +39,36 @@ class ServerProcess:
     """``python -m service`` on a free port; stderr lines are collected on a thread."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        cmd = [sys.executable, "-m", "service", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1",
-               "--port", "0", "--threads", "2", "--ctx", "4096", "--max-running", "8", "--kv-lanes", "64",
-               "--step-tokens", "128", *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True, env={**os.environ, **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "service",
+            "--model",
+            str(DEFAULT_MODEL),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--threads",
+            "2",
+            "--ctx",
+            "4096",
+            "--max-running",
+            "8",
+            "--kv-lanes",
+            "64",
+            "--step-tokens",
+            "128",
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -88,13 +115,15 @@ def _finals(stream: OpenStream, ids: set[str], timeout: float) -> dict[str, pb.G
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
-    srv = ServerProcess("--grace-seconds", str(GRACE_S), env={"INFERENCE_LOG_FORMAT": "json"})
+    metrics_port = free_port()
+    srv = ServerProcess("--grace-seconds", str(GRACE_S), "--prometheus-port", str(metrics_port),
+                        env={"INFERENCE_LOG_FORMAT": "json"})
     try:
         listening = json.loads(srv.wait_for("listening on"))["msg"]
         target = listening.split()[2].rstrip(";")
         srv.wait_for("SERVING after")
         with grpc.insecure_channel(target) as ch:
-            _run_load_and_terminate(srv, ch, target)
+            _run_load_and_terminate(srv, ch, target, metrics_port)
         assert srv.proc.wait(GRACE_S + 30) == 0, "\n".join(srv.log)
     finally:
         srv.kill()
@@ -104,7 +133,20 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
     assert any(r["msg"] == "stopped" for r in records)
 
 
-def _run_load_and_terminate(srv: ServerProcess, ch: grpc.Channel, target: str) -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepted(metrics_port: int) -> float:
+    """inference_requests_accepted_total for the interactive tier, scraped from --prometheus-port."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return float(next(line for line in text.splitlines() if line.startswith("inference_requests_accepted_total{")
+                      and 'inference_priority="interactive"' in line).split()[-1])
+
+
+def _run_load_and_terminate(srv: ServerProcess, ch: grpc.Channel, target: str, metrics_port: int) -> None:
     assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
     stream = OpenStream(ch)
     for rid in LONG:
@@ -113,6 +155,10 @@ def _run_load_and_terminate(srv: ServerProcess, ch: grpc.Channel, target: str) -
         stream.send(req(rid, "The capital of France is", 32, ignore_eos=True))
     first = stream.next_event(timeout=60)
     assert first.WhichOneof("event") == "delta", first
+    end = time.monotonic() + 10
+    while _accepted(metrics_port) < len(SHORT + LONG):  # the Prometheus endpoint sees the traffic
+        assert time.monotonic() < end, "Prometheus endpoint does not count the accepted requests"
+        time.sleep(0.1)
     srv.proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
     while _health(ch) != health_pb2.HealthCheckResponse.NOT_SERVING:

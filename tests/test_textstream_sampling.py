@@ -34,7 +34,9 @@ def test_held_back_prefix_is_released_when_it_is_not_a_stop() -> None:
     assert ts.flush() == ""
 
 
-@given(st.lists(st.sampled_from(range(len(PIECES))), max_size=30), st.sampled_from(["lo", "€!", "ENDINGE", "zz"]))
+@given(
+    st.lists(st.sampled_from(range(len(PIECES))), max_size=30), st.sampled_from(["lo", "€!", "ENDINGE", "zz"])
+)
 def test_output_is_the_decoded_text_cut_before_the_stop(ids: list[int], stop: str) -> None:
     ts = TextStream(PIECES, stop=(stop,))
     out = "".join(ts.push(i) for i in ids) + ts.flush()
@@ -65,14 +67,20 @@ def test_seed_reproducible_and_masked_tokens_never_sampled() -> None:
 def test_top_k_top_p_min_p_restrict_candidates() -> None:
     logits = np.log(np.array([0.5, 0.3, 0.1, 0.05, 0.05], dtype=np.float64)).astype(np.float32)
     rng = np.random.default_rng(0)
-    draws = {sample_one(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0), rng)
-             for _ in range(200)}
+    draws = {
+        sample_one(logits, SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0), rng)
+        for _ in range(200)
+    }
     assert draws == {0, 1}
-    draws = {sample_one(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.75, min_p=0.0), rng)
-             for _ in range(200)}
+    draws = {
+        sample_one(logits, SamplingParams(temperature=1.0, top_k=0, top_p=0.75, min_p=0.0), rng)
+        for _ in range(200)
+    }
     assert draws == {0, 1}
-    draws = {sample_one(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25), rng)
-             for _ in range(300)}
+    draws = {
+        sample_one(logits, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25), rng)
+        for _ in range(300)
+    }
     assert draws == {0, 1}
     big = np.random.default_rng(3).normal(size=262_144).astype(np.float32)
     tok = sample_one(big, SamplingParams(temperature=0.8, top_k=0, top_p=0.95, min_p=0.0), rng)
