@@ -55,7 +55,9 @@ def gen_request(
 ) -> pb.GenerateRequest:
     """A greedy request that (with ignore_eos) produces exactly ``max_tokens`` tokens."""
     sampling = pb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
-    return pb.GenerateRequest(request_id=rid, prompt=prompt, sampling=sampling, priority=priority)
+    return pb.GenerateRequest(
+        request_id=rid, prompt=prompt, sampling=sampling, priority=pb.Priority.Name(priority)
+    )
 
 
 class Stream:

@@ -358,13 +358,12 @@ def _machine_line(m: dict[str, Any]) -> str:
     quick = " · QUICK (tiny loads, not for publishing)" if m.get("quick") else ""
     return (
         f"{m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB · model {m['model']} · "
-        f"llama-cpp-python {m['llama_cpp_python']} · git {m['git_rev']} · "
-        f"llama.cpp threads {m.get('threads', '-')}{quick}"
+        f"llama-cpp-python {m['llama_cpp_python']} · llama.cpp threads {m.get('threads', '-')}{quick}"
     )
 
 
 def _when(m: dict[str, Any]) -> str:
-    return f"measured {m['date']}, load average at start {m['loadavg_at_start'][0]}"
+    return f"measured {m['date']} at git {m['git_rev']}, load average at start {m['loadavg_at_start'][0]}"
 
 
 def render_summary(files: list[Path]) -> str:

@@ -121,13 +121,13 @@ SCENARIOS = [
         "throughput",
         "Throughput: continuous batching vs sequential vs raw engine vs llama_cpp.server",
         _throughput,
-        400,
+        420,
     ),
-    Scenario("B", "kv_memory", "KV memory: shared block pool vs naive per-request reservation", _memory, 120),
+    Scenario("B", "kv_memory", "KV memory: shared block pool vs naive per-request reservation", _memory, 90),
     Scenario("C", "prefix_reuse", "Prefix reuse: cold vs warm TTFT", _cold_warm, 60),
-    Scenario("D", "many_prefixes", "Many prefixes: 32 system prompts round-robin", _many_prefixes, 150),
+    Scenario("D", "many_prefixes", "Many prefixes: 32 system prompts round-robin", _many_prefixes, 120),
     Scenario(
-        "E", "priority", "Mixed priority load: interactive latency and batch throughput", _priority, 300
+        "E", "priority", "Mixed priority load: interactive latency and batch throughput", _priority, 270
     ),
     Scenario("F", "structured_output", "Structured output overhead", _structured, 90),
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
@@ -154,7 +154,7 @@ def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
         say(f"  FAILED: {type(exc).__name__}: {exc}")
     doc["elapsed_s"] = round(time.monotonic() - t0, 1)
     path = write_result(sc.name, doc)
-    say(f"  -> {path.relative_to(RESULTS.parents[1])} ({doc['elapsed_s']:.0f} s)")
+    say(f"  -> {path} ({doc['elapsed_s']:.0f} s)")
     return doc
 
 
@@ -183,6 +183,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="llama.cpp threads of every server and the raw engine (default: all cores)",
     )
     ap.add_argument("--summary-only", action="store_true", help="only rebuild summary.md from the JSON files")
+    ap.add_argument(
+        "--results-dir",
+        type=Path,
+        default=None,
+        help="where results go (default: bench/results, quick: .../quick)",
+    )
     return ap.parse_args(argv)
 
 
@@ -198,7 +204,9 @@ def select(only: str) -> list[Scenario]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.quick:
+    if args.results_dir is not None:
+        set_results_dir(args.results_dir.resolve())
+    elif args.quick:
         set_results_dir(RESULTS / "quick")
     if args.summary_only:
         say(f"wrote {write_summary()}")

@@ -197,8 +197,8 @@ class Engine:
         for item in plan.items:
             if self._left_queue(item.seq):
                 self.telemetry.on_scheduled(item.seq)
-        for seq in plan.preempted:
-            self.telemetry.on_preempted(seq, "preempted")
+        for seq, reason in zip(plan.preempted, plan.preempt_reasons, strict=True):
+            self.telemetry.on_preempted(seq, reason)
 
     def _forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence]]:
         toks: list[int] = []

@@ -40,6 +40,7 @@ class ScheduledSeq:
 class Plan:
     items: tuple[ScheduledSeq, ...]
     preempted: tuple[Sequence, ...]
+    preempt_reasons: tuple[str, ...]  # "priority" or "kv_memory", parallel to ``preempted``
     expired: tuple[Sequence, ...]  # deadline passed while queued; never ran
     kv_ops: tuple[KVOp, ...]
 
@@ -125,7 +126,13 @@ class Scheduler:
             for seq in queue:
                 if tier_of(seq, now) == tier and not step.admit(seq):
                     break
-        return Plan(tuple(step.items.values()), tuple(step.preempted), expired, tuple(self.kv.take_ops()))
+        return Plan(
+            tuple(step.items.values()),
+            tuple(step.preempted),
+            tuple(step.reasons),
+            expired,
+            tuple(self.kv.take_ops()),
+        )
 
     def _isolate(self, prefilling: list[Sequence], now: float) -> bool:
         """Run this step for interactive work only? (An interactive request awaits its first token.)
@@ -192,6 +199,7 @@ class _StepBuilder:
         self.budget = sched.token_budget
         self.items: dict[int, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
+        self.reasons: list[str] = []
 
     def _add(self, seq: Sequence, n: int) -> None:
         self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens)
@@ -203,6 +211,7 @@ class _StepBuilder:
             self.budget += item.num_tokens
         self.s.preempt(victim, reason)
         self.preempted.append(victim)
+        self.reasons.append(reason)
 
     def run(self, seq: Sequence) -> None:
         """Schedule a running sequence's next chunk, preempting others if KV is short."""

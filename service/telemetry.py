@@ -35,8 +35,9 @@ class Telemetry:
     """Per-request hooks; the no-op base used when tracing and metric export are off.
 
     The only work done here is request logging: DEBUG lines for accepted and
-    finished requests and an INFO line for failed ones, each carrying
-    ``request_id`` (and ``trace_id`` when tracing) as record attributes.
+    finished requests, an INFO line for failed ones (DEBUG for queue-full
+    rejections), each carrying ``request_id`` (and ``trace_id``/``span_id``
+    when tracing) as record attributes.
     """
 
     enabled = False  # True: the engine calls the per-token hook (on_first_token)
@@ -71,7 +72,10 @@ class Telemetry:
         ``on_submit`` (queue full, draining). Called at most once per request.
         """
         if isinstance(event, Error):
-            log.info("request failed: %s: %s", event.status, event.message, extra=self.log_fields(seq))
+            # Queue-full rejections come in floods under overload: counted in the metrics, logged at DEBUG.
+            level = logging.DEBUG if event.status == "RESOURCE_EXHAUSTED" else logging.INFO
+            if log.isEnabledFor(level):
+                log.log(level, "request failed: %s: %s", event.status, event.message, extra=self.log_fields(seq))
         elif log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request finished: reason=%s prompt_tokens=%d completion_tokens=%d cached_tokens=%d "

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 5.0
 SHORT = [f"short-{i}" for i in range(3)]
 LONG = [f"long-{i}" for i in range(3)]
+SHORT_TOKENS = 24
 
 
 class ServerProcess:
@@ -146,19 +147,28 @@ def _accepted(metrics_port: int) -> float:
                       and 'inference_priority="interactive"' in line).split()[-1])
 
 
+def _start_load(stream: OpenStream, metrics_port: int) -> None:
+    """Long requests running and counted by the Prometheus endpoint, then short ones running too."""
+    for rid in LONG:
+        stream.send(req(rid, "Tell me a very long story about dragons.", 3000, ignore_eos=True))
+    assert stream.next_event(timeout=60).WhichOneof("event") == "delta"
+    end = time.monotonic() + 10
+    while _accepted(metrics_port) < len(LONG):  # --prometheus-port serves the live figures
+        assert time.monotonic() < end, "Prometheus endpoint does not count the accepted requests"
+        time.sleep(0.1)
+    for rid in SHORT:
+        stream.send(req(rid, "The capital of France is", SHORT_TOKENS, ignore_eos=True))
+    while True:  # SIGTERM comes while the short requests are generating
+        ev = stream.next_event(timeout=60)
+        assert ev.WhichOneof("event") == "delta", ev
+        if ev.request_id in SHORT:
+            return
+
+
 def _run_load_and_terminate(srv: ServerProcess, ch: grpc.Channel, target: str, metrics_port: int) -> None:
     assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
     stream = OpenStream(ch)
-    for rid in LONG:
-        stream.send(req(rid, "Tell me a very long story about dragons.", 3000, ignore_eos=True))
-    for rid in SHORT:
-        stream.send(req(rid, "The capital of France is", 32, ignore_eos=True))
-    first = stream.next_event(timeout=60)
-    assert first.WhichOneof("event") == "delta", first
-    end = time.monotonic() + 10
-    while _accepted(metrics_port) < len(SHORT + LONG):  # the Prometheus endpoint sees the traffic
-        assert time.monotonic() < end, "Prometheus endpoint does not count the accepted requests"
-        time.sleep(0.1)
+    _start_load(stream, metrics_port)
     srv.proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
     while _health(ch) != health_pb2.HealthCheckResponse.NOT_SERVING:
@@ -174,7 +184,7 @@ def _run_load_and_terminate(srv: ServerProcess, ch: grpc.Channel, target: str, m
     stream.join(30)
     for rid in SHORT:
         assert finals[rid].WhichOneof("event") == "done", finals[rid]
-        assert finals[rid].done.usage.completion_tokens == 32
+        assert finals[rid].done.usage.completion_tokens == SHORT_TOKENS
     for rid in [*LONG, "late"]:
         assert finals[rid].WhichOneof("event") == "error", finals[rid]
         assert finals[rid].error.status == "UNAVAILABLE"
