@@ -54,6 +54,8 @@ def measure(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[s
         "prefill_s": round(prefill_s, 4),
         "decode_s": round(decode_s, 4),
         "tok_s": b * steps / decode_s,
+        # Same work as a server request: its prompt's prefill plus the decode steps.
+        "tok_s_with_prefill": b * steps / (prefill_s + decode_s),
         "step_ms": decode_s / steps * 1000.0,
     }
 

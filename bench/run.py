@@ -134,6 +134,11 @@ SCENARIOS = [
 ]
 
 
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
     say(f"\n== {sc.key}. {sc.title}" + (" [quick]" if cfg.quick else ""))
     doc: dict[str, Any] = {
@@ -142,7 +147,7 @@ def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
         "title": sc.title,
         "machine": machine_info(cfg.model, cfg.quick) | {"threads": cfg.server_threads()},
     }
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _own_cpu_s()
     try:
         doc["results"] = sc.run(cfg)
         doc["status"] = "ok"
@@ -153,6 +158,8 @@ def run_one(sc: Scenario, cfg: BenchConfig) -> dict[str, Any]:
         doc.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         say(f"  FAILED: {type(exc).__name__}: {exc}")
     doc["elapsed_s"] = round(time.monotonic() - t0, 1)
+    # CPU the bench process itself used (load generation, prompt making): it shares the cores
+    doc["bench_client_cpu_s"] = round(_own_cpu_s() - cpu0, 1)
     path = write_result(sc.name, doc)
     say(f"  -> {path} ({doc['elapsed_s']:.0f} s)")
     return doc

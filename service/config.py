@@ -25,7 +25,8 @@ class ServerConfig:
     max_running: int = 32
     kv_lanes: int = 128
     block_size: int = 16
-    step_tokens: int = 256
+    step_tokens: int = 128
+    batch_prefill_tokens: int = 64
     prefix_cache: bool = True
     scheduling: str = "priority"
     aging_s: float = 30.0
@@ -53,6 +54,7 @@ HELP = {
     "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256)",
     "block_size": "tokens per KV block",
     "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
+    "batch_prefill_tokens": "per-step cap on batch-tier prompt tokens (bounds the wait of arriving interactive work)",
     "prefix_cache": "reuse KV of shared prompt prefixes",
     "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",
     "aging_s": "a batch request waiting longer than this is treated as interactive",
@@ -132,6 +134,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--kv-lanes must be greater than --max-running and at most 256"
     if c.step_tokens < c.max_running:
         return "--step-tokens must be >= --max-running"
+    if c.batch_prefill_tokens < 1:
+        return "--batch-prefill-tokens must be >= 1"
     if c.block_size < 1 or c.ctx < c.block_size:
         return "--ctx must be at least one block"
     if c.threads < 1:

@@ -43,7 +43,8 @@ class Draining(Exception):
 @dataclass(frozen=True)
 class EngineConfig:
     max_running: int = 16
-    token_budget: int = 256
+    token_budget: int = 128
+    batch_prefill_budget: int = 64
     queue_limits: tuple[int, int] = (256, 1024)  # interactive, batch
 
 
@@ -73,6 +74,7 @@ class Engine:
             max_running=config.max_running,
             token_budget=config.token_budget,
             append_token=self._append_token,
+            batch_prefill_budget=config.batch_prefill_budget,
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()

@@ -63,6 +63,7 @@ class Scheduler:
         max_running: int,
         token_budget: int,
         append_token: FinishCheck,
+        batch_prefill_budget: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if token_budget < max_running:
@@ -71,6 +72,7 @@ class Scheduler:
         self.policy = policy
         self.max_running = max_running
         self.token_budget = token_budget
+        self.batch_prefill_budget = token_budget if batch_prefill_budget is None else batch_prefill_budget
         self._append_token = append_token
         self._clock = clock
         self.waiting: list[Sequence] = []
@@ -122,7 +124,7 @@ class Scheduler:
         for tier in tiers:
             for seq in prefilling:
                 if tier_of(seq, now) == tier:
-                    step.run(seq)
+                    step.run(seq, prefill=True)
             for seq in queue:
                 if tier_of(seq, now) == tier and not step.admit(seq):
                     break
@@ -197,27 +199,44 @@ class _StepBuilder:
         self.s = sched
         self.now = now
         self.budget = sched.token_budget
+        self.batch_prefill_left = sched.batch_prefill_budget
+        self.batch_prefill: dict[int, int] = {}  # uid -> tokens of batch-tier prefill this step
         self.items: dict[int, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
         self.reasons: list[str] = []
 
-    def _add(self, seq: Sequence, n: int) -> None:
+    def _room(self, seq: Sequence, wanted: int, prefill: bool) -> int:
+        """Tokens ``seq`` may compute now: the step budget, and for batch prefill its own cap.
+
+        NOTE: capping batch-tier prefill per step bounds how long one step can
+        take, which is what an arriving interactive request waits for.
+        """
+        n = min(wanted, self.budget)
+        if prefill and self.s.policy.effective_tier(seq, self.now) is Priority.BATCH:
+            n = min(n, self.batch_prefill_left)
+        return n
+
+    def _add(self, seq: Sequence, n: int, prefill: bool) -> None:
         self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens)
         self.budget -= n
+        if prefill and self.s.policy.effective_tier(seq, self.now) is Priority.BATCH:
+            self.batch_prefill[seq.uid] = n
+            self.batch_prefill_left -= n
 
     def _preempt(self, victim: Sequence, reason: str) -> None:
         item = self.items.pop(victim.uid, None)
+        self.batch_prefill_left += self.batch_prefill.pop(victim.uid, 0)
         if item is not None:
             self.budget += item.num_tokens
         self.s.preempt(victim, reason)
         self.preempted.append(victim)
         self.reasons.append(reason)
 
-    def run(self, seq: Sequence) -> None:
+    def run(self, seq: Sequence, prefill: bool = False) -> None:
         """Schedule a running sequence's next chunk, preempting others if KV is short."""
         if seq.status is not SeqStatus.RUNNING or seq.uid in self.items:
             return
-        n = min(seq.num_uncomputed, self.budget)
+        n = self._room(seq, seq.num_uncomputed, prefill)
         if n <= 0:
             return
         while not self.s.kv.append_slots(seq, n):
@@ -226,13 +245,13 @@ class _StepBuilder:
                 self._preempt(seq, "kv_memory")  # nobody may give way: this one waits
                 return
             self._preempt(victim, "kv_memory")
-            n = min(seq.num_uncomputed, self.budget)
-        self._add(seq, n)
+            n = self._room(seq, seq.num_uncomputed, prefill)
+        self._add(seq, n, prefill)
 
     def admit(self, seq: Sequence) -> bool:
         """Try to start a waiting sequence; False stops admission for this step."""
         s = self.s
-        if self.budget <= 0:
+        if self._room(seq, 1, prefill=True) <= 0:
             return False
         if len(s.running) >= s.max_running:
             victim = s.policy.pick_victim(seq, s.running, self.now)
@@ -241,7 +260,7 @@ class _StepBuilder:
             self._preempt(victim, "priority")
         while True:
             hits = s.kv.match_prefix(seq)
-            n = min(seq.num_tokens - len(hits) * s.kv.block_size, self.budget)
+            n = self._room(seq, seq.num_tokens - len(hits) * s.kv.block_size, prefill=True)
             if s.kv.allocate(seq, hits, n):
                 break
             victim = s.policy.pick_victim(seq, s.running, self.now)
@@ -253,5 +272,5 @@ class _StepBuilder:
         seq.status = SeqStatus.RUNNING
         if seq.first_scheduled is None:
             seq.first_scheduled = self.now
-        self._add(seq, n)
+        self._add(seq, n, prefill=True)
         return True

@@ -59,6 +59,7 @@ def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None) -> 
     engine_config = EngineConfig(
         max_running=config.max_running,
         token_budget=config.step_tokens,
+        batch_prefill_budget=config.batch_prefill_tokens,
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
     )
     return Engine(runner, kv, make_policy(config.scheduling, config.aging_s), engine_config, metrics)

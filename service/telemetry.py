@@ -75,7 +75,9 @@ class Telemetry:
             # Queue-full rejections come in floods under overload: counted in the metrics, logged at DEBUG.
             level = logging.DEBUG if event.status == "RESOURCE_EXHAUSTED" else logging.INFO
             if log.isEnabledFor(level):
-                log.log(level, "request failed: %s: %s", event.status, event.message, extra=self.log_fields(seq))
+                log.log(
+                    level, "request failed: %s: %s", event.status, event.message, extra=self.log_fields(seq)
+                )
         elif log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request finished: reason=%s prompt_tokens=%d completion_tokens=%d cached_tokens=%d "

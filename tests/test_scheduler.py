@@ -212,3 +212,22 @@ def test_abort_frees_everything() -> None:
     assert not sched.abort(seqs[0])
     assert sched.kv.num_used == 0
     sched.kv.check_integrity([])
+
+
+def test_batch_prefill_is_capped_per_step_interactive_is_not() -> None:
+    kv = KVBlockManager(64, 4, 16)
+    sched = Scheduler(kv, PriorityPolicy(aging_s=100.0), max_running=4, token_budget=32, append_token=append_token,
+                      clock=Clock(), batch_prefill_budget=8)
+    shadow = ShadowKV(256)
+    b = mkseq("b", 30, prio=Priority.BATCH, arrival=1000.0)
+    sched.add(b)
+    plan = sched.schedule()
+    assert [(i.seq.request_id, i.num_tokens) for i in plan.items] == [("b", 8)]
+    sched.update(plan, fake_forward(sched, shadow, plan))
+    i = mkseq("i", 20, arrival=1000.0, base=50)
+    sched.add(i)
+    plan = sched.schedule()  # isolated step: interactive prefill only, uncapped
+    assert [(x.seq.request_id, x.num_tokens) for x in plan.items] == [("i", 20)]
+    sched.update(plan, fake_forward(sched, shadow, plan))
+    plan = sched.schedule()
+    assert {x.seq.request_id: x.num_tokens for x in plan.items} == {"i": 1, "b": 8}
