@@ -23,7 +23,7 @@ class ServerConfig:
     threads: int = os.cpu_count() or 2
     ctx: int = 8192
     max_running: int = 32
-    kv_lanes: int = 128
+    kv_lanes: int = 64
     block_size: int = 16
     step_tokens: int = 128
     batch_prefill_tokens: int = 64
@@ -51,7 +51,8 @@ HELP = {
     "threads": "llama.cpp compute threads",
     "ctx": "KV pool size in tokens (shared by all sequences)",
     "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
-    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256)",
+    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256; "
+    "each costs one vocabulary-sized logits row of memory)",
     "block_size": "tokens per KV block",
     "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
     "batch_prefill_tokens": "per-step cap on batch-tier prompt tokens (bounds the wait of arriving interactive work)",

@@ -268,26 +268,33 @@ class KVBlockManager:
         block.holders = set()
 
     def _take_lane(self, exclude: set[int]) -> int | None:
-        """A lane with no cells; reclaims the least recently used holder lane if needed."""
+        """A lane with no cells; reclaims the least recently used holder lane if needed.
+
+        A holder lane is reclaimable unless it is the only holder of a block in
+        ``exclude`` (blocks about to be shared); then the next one is tried.
+        """
         if self._free_lanes:
             return self._free_lanes.pop()
-        holders = [lane for lane, b in self._lane_blocks.items() if b and lane not in self._running_lanes]
-        if not holders:
-            return None
-        lane = min(holders, key=lambda ln: self._lane_used.get(ln, 0))
-        for bid in sorted(self._lane_blocks[lane], key=lambda i: -self.blocks[i].start):
-            block = self.blocks[bid]
-            if len(block.holders) > 1:
-                self._merge_op(KVOp("rm", lane, block.start, block.start + self.block_size))
-                block.holders.discard(lane)
-                self._lane_blocks[lane].discard(bid)
-            elif bid not in exclude:
-                self._evict(block)
-            else:  # the only holder of a block we are about to share: keep it
-                break
-        if not self._lane_blocks[lane] and lane not in self._free_lanes:
-            self._free_lanes.append(lane)
-        return self._free_lanes.pop() if self._free_lanes else None
+        holders = sorted(
+            (lane for lane, held in self._lane_blocks.items() if held and lane not in self._running_lanes),
+            key=lambda ln: self._lane_used.get(ln, 0),
+        )
+        for lane in holders:
+            held = self._lane_blocks[lane]
+            if any(len(self.blocks[b].holders) == 1 and b in exclude for b in held):
+                continue
+            for bid in sorted(held, key=lambda i: -self.blocks[i].start):
+                block = self.blocks[bid]
+                if len(block.holders) > 1:
+                    self._merge_op(KVOp("rm", lane, block.start, block.start + self.block_size))
+                    block.holders.discard(lane)
+                    held.discard(bid)
+                else:
+                    self._evict(block)  # frees the lane when its last block goes
+            if lane not in self._free_lanes:
+                self._free_lanes.append(lane)
+            return self._free_lanes.pop()
+        return None
 
     # -- integrity ------------------------------------------------------------------
     def check_integrity(self, running: list[Sequence] | None = None) -> None:

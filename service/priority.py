@@ -6,7 +6,7 @@ Two implementations behind one interface, selected by ``--scheduling``:
   victim is the newest running sequence. This is what a FIFO server does.
 * ``PriorityPolicy``: interactive before batch, FCFS within a tier. A batch
   request that has waited longer than ``aging_s`` is treated as interactive, so
-  batch work never starves. Interactive work may preempt batch work (never the
+  batch work never starves (it keeps that rank while it runs). Interactive work may preempt batch work (never the
   reverse); the victim is the batch sequence cheapest to resume.
 """
 
@@ -71,7 +71,11 @@ class PriorityPolicy(QueuePolicy):
         self.aging_s = aging_s
 
     def effective_tier(self, seq: Sequence, now: float) -> Priority:
-        if seq.priority is Priority.BATCH and now - seq.arrival >= self.aging_s:
+        # NOTE: aging counts time spent *waiting*, not age: a batch request that is
+        # running is not starving, and must stay preemptible by interactive work.
+        if seq.priority is Priority.BATCH and (
+            seq.promoted or (seq.status.value == "waiting" and now - seq.enqueued_at >= self.aging_s)
+        ):
             return Priority.INTERACTIVE
         return seq.priority
 

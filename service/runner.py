@@ -144,6 +144,10 @@ class ModelRunner:
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = n_lanes
+        # NOTE: llama.cpp sizes its logits buffer as n_vocab x max(outputs, n_seq_max)
+        # rows and requires n_outputs_max >= n_seq_max; we never ask for more than
+        # one output per lane, so this is also the tightest bound.
+        params.n_outputs_max = max(n_lanes, 1)
         params.n_threads = params.n_threads_batch = n_threads
         params.kv_unified = True
         # NOTE: full-size SWA cache so a shared prefix keeps every cell it needs

@@ -156,6 +156,7 @@ class Scheduler:
         self.running.remove(victim)
         self.kv.free(victim)
         victim.reset_for_recompute()
+        victim.enqueued_at = self._clock()
         self.waiting.append(victim)
         self.preemptions[(victim.priority, reason)] += 1
 
@@ -267,6 +268,8 @@ class _StepBuilder:
             if victim is None:
                 return False
             self._preempt(victim, "kv_memory")
+        if seq.priority is Priority.BATCH and s.policy.effective_tier(seq, self.now) is Priority.INTERACTIVE:
+            seq.promoted = True  # admitted by aging
         s.waiting.remove(seq)
         s.running.append(seq)
         seq.status = SeqStatus.RUNNING

@@ -100,6 +100,8 @@ class Sequence:
     preemptions: int = 0
     # Queue ordering: preempted sequences return to the front of their tier.
     queue_key: tuple[int, float] = (1, 0.0)
+    enqueued_at: float = 0.0  # when it last entered the waiting queue (aging is measured from here)
+    promoted: bool = False  # a batch request admitted by aging keeps interactive rank while it runs
 
     first_scheduled: float | None = None
     first_token_time: float | None = None
@@ -116,6 +118,7 @@ class Sequence:
         if not self.num_prompt_tokens:
             self.num_prompt_tokens = len(self.token_ids)
         self.queue_key = (1, self.arrival)
+        self.enqueued_at = self.arrival
         seed = self.params.seed
         self.rng = np.random.default_rng(seed)
 

@@ -297,8 +297,10 @@ def test_preemption_rejection_and_cancellation_are_traced(traced: Traced) -> Non
         stream.close()
         stream.join()
     assert finals["refused"].error.status == "RESOURCE_EXHAUSTED"
-    spans: dict[Any, Any] = {s.attributes.get("inference.request_id"): s  # type: ignore[union-attr]
-                             for s in traced.spans.get_finished_spans()}
+    spans: dict[Any, Any] = {
+        s.attributes.get("inference.request_id"): s  # type: ignore[union-attr]
+        for s in traced.spans.get_finished_spans()
+    }
     long = spans["long"]
     names = [e.name for e in long.events]
     assert names[:3] == ["queued", "scheduled", "first_token"] and names[-1] == "cancelled", names

@@ -216,8 +216,15 @@ def test_abort_frees_everything() -> None:
 
 def test_batch_prefill_is_capped_per_step_interactive_is_not() -> None:
     kv = KVBlockManager(64, 4, 16)
-    sched = Scheduler(kv, PriorityPolicy(aging_s=100.0), max_running=4, token_budget=32, append_token=append_token,
-                      clock=Clock(), batch_prefill_budget=8)
+    sched = Scheduler(
+        kv,
+        PriorityPolicy(aging_s=100.0),
+        max_running=4,
+        token_budget=32,
+        append_token=append_token,
+        clock=Clock(),
+        batch_prefill_budget=8,
+    )
     shadow = ShadowKV(256)
     b = mkseq("b", 30, prio=Priority.BATCH, arrival=1000.0)
     sched.add(b)

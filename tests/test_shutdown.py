@@ -117,8 +117,13 @@ def _finals(stream: OpenStream, ids: set[str], timeout: float) -> dict[str, pb.G
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
     metrics_port = free_port()
-    srv = ServerProcess("--grace-seconds", str(GRACE_S), "--prometheus-port", str(metrics_port),
-                        env={"INFERENCE_LOG_FORMAT": "json"})
+    srv = ServerProcess(
+        "--grace-seconds",
+        str(GRACE_S),
+        "--prometheus-port",
+        str(metrics_port),
+        env={"INFERENCE_LOG_FORMAT": "json"},
+    )
     try:
         listening = json.loads(srv.wait_for("listening on"))["msg"]
         target = listening.split()[2].rstrip(";")
@@ -143,8 +148,14 @@ def free_port() -> int:
 def _accepted(metrics_port: int) -> float:
     """inference_requests_accepted_total for the interactive tier, scraped from --prometheus-port."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return float(next(line for line in text.splitlines() if line.startswith("inference_requests_accepted_total{")
-                      and 'inference_priority="interactive"' in line).split()[-1])
+    return float(
+        next(
+            line
+            for line in text.splitlines()
+            if line.startswith("inference_requests_accepted_total{")
+            and 'inference_priority="interactive"' in line
+        ).split()[-1]
+    )
 
 
 def _start_load(stream: OpenStream, metrics_port: int) -> None:
