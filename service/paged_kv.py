@@ -51,6 +51,25 @@ class Block:
     start: int = 0  # position of the block's first token
     holders: set[int] = field(default_factory=set)  # lanes whose cells hold this block
     last_used: int = 0
+    parent: int = 0  # hash of the previous block in its chain (while registered)
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """What a new sequence can reuse: whole cached blocks, then part of one more.
+
+    ::
+
+        token_ids  [ b0 (16) | b1 (16) | t t t t t . . . ] [ rest to compute ]
+                     shared blocks       ^^^^^^^^^ ``partial_len`` tokens whose cells are
+                                         copied from cached ``partial``; the sequence
+                                         gets its own block for this range
+    """
+
+    blocks: tuple[Block, ...] = ()
+    partial: Block | None = None
+    partial_len: int = 0
+    num_tokens: int = 0
 
 
 @dataclass
@@ -73,6 +92,7 @@ class KVBlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._cache: dict[int, Block] = {}  # hash -> registered block
+        self._children: dict[int, set[int]] = {}  # parent hash -> registered block ids
         self._evictable: dict[int, Block] = {}  # registered blocks with ref_count 0
         self._free_lanes: list[int] = list(range(num_lanes - 1, -1, -1))
         self._running_lanes: set[int] = set()
@@ -112,14 +132,15 @@ class KVBlockManager:
         return ops
 
     # -- prefix cache ----------------------------------------------------------
-    def match_prefix(self, seq: Sequence) -> list[Block]:
-        """Longest cached block-aligned prefix of ``seq``, leaving at least one token to compute."""
+    def match_prefix(self, seq: Sequence) -> PrefixHit:
+        """Longest cached prefix of ``seq`` (whole blocks, then a partial one), leaving >= 1 token to compute."""
         if not self.prefix_cache:
-            return []
+            return PrefixHit()
         hits: list[Block] = []
         parent = 0
         bs = self.block_size
-        for i in range((seq.num_tokens - 1) // bs):
+        last = seq.num_tokens - 1  # the last token is always computed (its logits are needed)
+        for i in range(last // bs):
             toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = hash((parent, toks))
             block = self._cache.get(h)
@@ -127,7 +148,23 @@ class KVBlockManager:
                 break
             hits.append(block)
             parent = h
-        return hits
+        start = len(hits) * bs
+        partial, k = self._best_child(parent, seq.token_ids[start : min(start + bs, last)])
+        return PrefixHit(tuple(hits), partial, k, start + k)
+
+    def _best_child(self, parent: int, want: list[int]) -> tuple[Block | None, int]:
+        """The cached block after ``parent`` sharing the most leading tokens with ``want``."""
+        best, best_k = None, 0
+        for bid in self._children.get(parent, ()):
+            block = self.blocks[bid]
+            k = 0
+            for a, b in zip(block.tokens, want, strict=False):
+                if a != b:
+                    break
+                k += 1
+            if k > best_k:
+                best, best_k = block, k
+        return best, best_k
 
     def commit(self, seq: Sequence) -> None:
         """Register the sequence's newly completed full blocks in the prefix cache."""
@@ -140,34 +177,42 @@ class KVBlockManager:
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self._cache:
-                block.hash, block.tokens = h, toks
+                parent = seq.block_hashes[-2] if len(seq.block_hashes) > 1 else 0
+                block.hash, block.tokens, block.parent = h, toks, parent
                 self._cache[h] = block
+                self._children.setdefault(parent, set()).add(block.id)
 
     # -- allocation ---------------------------------------------------------------
-    def allocate(self, seq: Sequence, hits: list[Block], num_new_tokens: int) -> bool:
-        """Admit ``seq``: give it a lane, share ``hits`` and blocks for ``num_new_tokens`` more.
+    def allocate(self, seq: Sequence, hit: PrefixHit, num_new_tokens: int) -> bool:
+        """Admit ``seq``: give it a lane, reuse ``hit`` and take blocks for ``num_new_tokens`` more.
 
         Returns False (and changes nothing) when memory or lanes are short; the
         caller then preempts or leaves the sequence waiting.
         """
         assert not seq.block_table and seq.lane is None, "sequence already holds KV"
-        n_hit = len(hits) * self.block_size
-        need = self.blocks_for(n_hit + num_new_tokens) - len(hits)
-        reusable = sum(1 for b in hits if b.ref_count == 0)
+        need = self.blocks_for(hit.num_tokens + num_new_tokens) - len(hit.blocks)
+        reusable = sum(1 for b in hit.blocks if b.ref_count == 0)
         if need > len(self._free) + len(self._evictable) - reusable:
             return False
-        lane = self._take_lane(exclude={b.id for b in hits})
+        keep = {b.id for b in hit.blocks} | ({hit.partial.id} if hit.partial else set())
+        lane = self._take_lane(exclude=keep)
         if lane is None:
             return False
         self._running_lanes.add(lane)
         seq.lane = lane
-        self._share(seq, hits)
-        seq.num_computed = n_hit
+        self._share(seq, list(hit.blocks))
+        if hit.partial is not None:
+            # NOTE: the copied cells are then covered by the sequence's own block for
+            # this range (allocated below), so evicting ``partial`` later is safe; the
+            # copy is queued before any eviction's removal, and ops apply in order.
+            p = hit.partial
+            self._merge_op(KVOp("cp", lane, p.start, p.start + hit.partial_len, min(p.holders)))
+        seq.num_computed = hit.num_tokens
         if seq.num_prompt_tokens and not seq.preemptions:
-            seq.num_cached = min(n_hit, seq.num_prompt_tokens)
+            seq.num_cached = min(hit.num_tokens, seq.num_prompt_tokens)
             self.stats.prompt_tokens += seq.num_prompt_tokens
             self.stats.hit_tokens += seq.num_cached
-        return self._grow(seq, n_hit + num_new_tokens)
+        return self._grow(seq, hit.num_tokens + num_new_tokens)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for ``num_new_tokens`` more computed tokens; False if memory is short."""
@@ -253,7 +298,10 @@ class KVBlockManager:
         del self._evictable[block.id]
         assert block.hash is not None
         del self._cache[block.hash]
-        block.hash, block.tokens = None, ()
+        self._children[block.parent].discard(block.id)
+        if not self._children[block.parent]:
+            del self._children[block.parent]
+        block.hash, block.tokens, block.parent = None, (), 0
         self._drop_cells(block)
         self._free.append(block.id)
         self.stats.evictions += 1
@@ -308,6 +356,10 @@ class KVBlockManager:
         )
         for h, block in self._cache.items():
             assert block.hash == h, f"block {block.id} registered under a stale hash"
+            assert block.id in self._children.get(block.parent, ()), (
+                f"block {block.id} missing from its parent"
+            )
+        assert sum(map(len, self._children.values())) == len(self._cache), "stale prefix-tree entries"
         for block in self.blocks:
             if block.id in free:
                 assert not block.holders and block.hash is None, f"free block {block.id} still holds cells"

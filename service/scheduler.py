@@ -260,9 +260,9 @@ class _StepBuilder:
                 return False
             self._preempt(victim, "priority")
         while True:
-            hits = s.kv.match_prefix(seq)
-            n = self._room(seq, seq.num_tokens - len(hits) * s.kv.block_size, prefill=True)
-            if s.kv.allocate(seq, hits, n):
+            hit = s.kv.match_prefix(seq)
+            n = self._room(seq, seq.num_tokens - hit.num_tokens, prefill=True)
+            if s.kv.allocate(seq, hit, n):
                 break
             victim = s.policy.pick_victim(seq, s.running, self.now)
             if victim is None:

@@ -27,8 +27,8 @@ def test_prefix_cache_hit_gives_same_output(server: RunningServer, channel: grpc
     finally:
         server.engine.logits_hook = None
     assert warm.done.usage.cached_tokens >= 64, warm.done.usage
-    assert warm.done.usage.cached_tokens % server.engine.kv.block_size == 0
-    assert warm.done.usage.cached_tokens < warm.done.usage.prompt_tokens  # last token always computed
+    # Token-granular reuse (whole blocks plus part of the next one); the last token is always computed.
+    assert warm.done.usage.cached_tokens == warm.done.usage.prompt_tokens - 1
     assert other.done.usage.cached_tokens >= 64  # a different question reuses the shared system prompt
     assert_same_greedy(cold.token_ids, warm.token_ids, rec.rows["cold"])
     assert_kv_clean(server)

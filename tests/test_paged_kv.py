@@ -16,8 +16,8 @@ def seq(tokens: list[int], rid: str = "s") -> Sequence:
 
 
 def admit(kv: KVBlockManager, s: Sequence, shadow: ShadowKV | None = None) -> bool:
-    hits = kv.match_prefix(s)
-    ok = kv.allocate(s, hits, s.num_tokens - len(hits) * kv.block_size)
+    hit = kv.match_prefix(s)
+    ok = kv.allocate(s, hit, s.num_tokens - hit.num_tokens)
     if ok and shadow is not None:
         compute(kv, s, shadow, s.num_tokens - s.num_computed)
     elif ok:
@@ -51,9 +51,9 @@ def test_prefix_is_shared_zero_copy_and_counted() -> None:
     a = seq([1, 2, 3, 4, 5, 6, 7, 8, 9], "a")
     assert admit(kv, a, shadow)
     b = seq([1, 2, 3, 4, 5, 6, 7, 8, 42, 43], "b")
-    hits = kv.match_prefix(b)
-    assert [h.id for h in hits] == a.block_table[:2]
-    assert kv.allocate(b, hits, 2)
+    hit = kv.match_prefix(b)
+    assert [h.id for h in hit.blocks] == a.block_table[:2] and hit.partial is None
+    assert kv.allocate(b, hit, 2)
     assert b.num_computed == 8 and b.num_cached == 8
     ops = kv.take_ops()
     assert [(o.kind, o.src, o.lane, o.p0, o.p1) for o in ops] == [("cp", a.lane, b.lane, 0, 8)]
@@ -69,7 +69,8 @@ def test_last_prompt_token_is_always_computed() -> None:
     admit(kv, a)
     kv.free(a)
     b = seq(list(range(8)), "b")  # identical, block-aligned prompt
-    assert len(kv.match_prefix(b)) == 1  # second block is recomputed so logits exist
+    hit = kv.match_prefix(b)
+    assert len(hit.blocks) == 1 and hit.partial_len == 3  # the last token is recomputed so logits exist
 
 
 def test_eviction_is_lru_tail_first() -> None:
@@ -82,8 +83,32 @@ def test_eviction_is_lru_tail_first() -> None:
     assert admit(kv, b, shadow)
     assert kv.stats.evictions == 1
     c = seq([1, 2, 7], "c")
-    assert len(kv.match_prefix(c)) == 1, "the head of a's chain must survive, its tail evicted first"
+    assert len(kv.match_prefix(c).blocks) == 1, "the head of a's chain must survive, its tail evicted first"
     kv.check_integrity([b])
+
+
+def test_partial_block_is_reused_token_by_token() -> None:
+    kv, shadow = KVBlockManager(16, 4, 4), ShadowKV(64)
+    a = seq([1, 2, 3, 4, 5, 6, 7, 8, 9], "a")
+    assert admit(kv, a, shadow)
+    a_lane = a.lane
+    kv.free(a)
+    shadow.apply(kv.take_ops())
+    b = seq([1, 2, 3, 4, 5, 6, 99], "b")  # diverges inside the second block
+    hit = kv.match_prefix(b)
+    assert len(hit.blocks) == 1 and hit.partial is not None and hit.partial_len == 2 and hit.num_tokens == 6
+    assert kv.allocate(b, hit, 1)
+    assert b.num_cached == 6 and len(b.block_table) == 2  # its own block for the partly shared range
+    ops = kv.take_ops()
+    assert [(o.kind, o.src, o.p0, o.p1) for o in ops] == [("cp", a_lane, 0, 6)]  # one merged copy
+    shadow.apply(ops)
+    compute(kv, b, shadow, 1)  # checks the lane sees exactly b's tokens
+    kv.check_integrity([b])
+    lane = b.lane
+    kv.free(b)
+    shadow.apply(kv.take_ops())
+    held = sorted(p for p, _t, ls in shadow.cells.values() if lane in ls)
+    assert held == [0, 1, 2, 3]  # only b's full, cached block stays; the partial range is gone
 
 
 def test_allocation_returns_false_when_memory_is_short() -> None:
