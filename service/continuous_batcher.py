@@ -179,6 +179,7 @@ class Engine:
         events: list[tuple[Sequence, Any]] = []
         for seq in plan.expired:
             self._left_queue(seq)
+            self.metrics.on_finish(seq)
             events.append((seq, Error("DEADLINE_EXCEEDED", "deadline expired while the request was queued")))
         if not plan.items:
             self.runner.apply_kv_ops(plan.kv_ops)

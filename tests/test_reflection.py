@@ -81,8 +81,15 @@ def test_json_encoded_generate_json_through_reflected_descriptors(server: Runnin
         method = pool.FindServiceByName(SERVICE).methods_by_name["GenerateJSON"]
         req_cls = message_factory.GetMessageClass(method.input_type)
         resp_cls = message_factory.GetMessageClass(method.output_type)
-        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-        body = json.dumps({"prompt": "Answer:", "jsonSchema": json.dumps(schema)})
+        schema = {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": False,
+        }
+        body = json.dumps(
+            {"prompt": "Answer:", "jsonSchema": json.dumps(schema), "sampling": {"temperature": 0}}
+        )
         call = ch.unary_unary(
             f"/{SERVICE}/GenerateJSON",
             request_serializer=lambda m: m.SerializeToString(),
