@@ -29,6 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 RESULTS = ROOT / "bench" / "results" / "grammar_coverage.json"
+RESULTS_RUN = ROOT / "bench" / "results" / "logs" / "grammar_coverage.json"
 MASK_EVERY = 5  # time the masks of the first valid instance of every 5th schema
 MIN_PASS_RATE = 0.90
 
@@ -333,8 +334,10 @@ def test_jsonschemabench_coverage() -> None:
     if not MODEL.is_file():
         pytest.skip(f"{MODEL} missing: run `make model`")
     summary = run(dataset, MODEL, _workers())
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    # NOTE: the suite's report goes to the (ignored) logs folder so `make test` leaves the tree
+    # clean; `python tests/test_grammar_coverage.py` refreshes the committed report.
+    RESULTS_RUN.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_RUN.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     print("\n" + report(summary))
     assert summary["false_accepts"] == 0, summary["failing"]
     assert summary["pass_rate"] >= MIN_PASS_RATE, report(summary)
