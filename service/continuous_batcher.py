@@ -160,15 +160,21 @@ class Engine:
                 self._left_queue(seq)
                 self._dispatch([(seq, self._done(seq))])
             elif kind == "cancel_all":
-                for s in self.scheduler.waiting + self.scheduler.running:
-                    self.scheduler.abort(s)
-                    self._left_queue(s)
-                    self.metrics.on_finish(s)
-                    self._dispatch([(s, Error("UNAVAILABLE", self._cancel_message))])
+                self._cancel_everything()
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _cancel_everything(self) -> None:
+        """End every queued and running request with UNAVAILABLE (end of a drain); one handoff."""
+        events: list[tuple[Sequence, Any]] = []
+        for s in self.scheduler.waiting + self.scheduler.running:
+            self.scheduler.abort(s)
+            self._left_queue(s)
+            self.metrics.on_finish(s)
+            events.append((s, Error("UNAVAILABLE", self._cancel_message)))
+        self._dispatch(events)
 
     def _left_queue(self, seq: Sequence) -> bool:
         return self.admission.leave(seq)

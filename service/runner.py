@@ -228,10 +228,6 @@ class ModelRunner:
     def clear_kv(self) -> None:
         L.llama_memory_clear(self.mem, True)
 
-    def lane_pos_max(self, lane: int) -> int:
-        """Largest position held by ``lane`` (-1 if none); used by integrity checks in tests."""
-        return int(L.llama_memory_seq_pos_max(self.mem, lane))
-
     def close(self) -> None:
         if self.ctx:
             L.llama_free(self.ctx)

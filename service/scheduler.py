@@ -100,9 +100,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def waiting_by_tier(self) -> Counter[Priority]:
-        return Counter(s.priority for s in self.waiting)
-
     # -- planning ------------------------------------------------------------------
     def schedule(self) -> Plan:
         now = self._clock()

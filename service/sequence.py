@@ -135,14 +135,6 @@ class Sequence:
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed
 
-    @property
-    def generated_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
-
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
 

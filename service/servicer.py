@@ -24,7 +24,7 @@ from service.grammar_service import GrammarService
 from service.metrics_view import metrics_response
 from service.priority import QueueFull
 from service.requests import BadRequest, RequestBuilder
-from service.sequence import FinishReason, Priority, Sequence
+from service.sequence import FinishReason, Sequence
 from service.telemetry import Telemetry
 from service.textstream import TextStream
 
@@ -331,6 +331,3 @@ def _format(rf: pb.ResponseFormat) -> tuple[str, str] | None:
         return None
     names = {"json_schema": "json_schema", "regex": "regex", "lark_grammar": "lark", "gbnf_grammar": "gbnf"}
     return names[kind], getattr(rf, kind)
-
-
-__all__ = ["InferenceServicer", "Priority"]

@@ -70,10 +70,11 @@ class RunningServer:
         self._thread.join(timeout=10)
 
 
-def start_server(**overrides: Any) -> RunningServer:
+def server_config(**overrides: Any) -> ServerConfig:
+    """The test servers' configuration: the default model, port 0, a small pool; ``overrides`` win."""
     if not DEFAULT_MODEL.is_file():
         pytest.fail(f"{DEFAULT_MODEL} missing: run `make model`")
-    base = dict(
+    base: dict[str, Any] = dict(
         model=str(DEFAULT_MODEL),
         host="127.0.0.1",
         port=0,
@@ -83,8 +84,11 @@ def start_server(**overrides: Any) -> RunningServer:
         step_tokens=128,
         threads=2,
     )
-    base.update(overrides)
-    return RunningServer(ServerConfig(**base))
+    return ServerConfig(**{**base, **overrides})
+
+
+def start_server(**overrides: Any) -> RunningServer:
+    return RunningServer(server_config(**overrides))
 
 
 @pytest.fixture(scope="session")

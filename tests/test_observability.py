@@ -36,7 +36,7 @@ from service.config import ServerConfig
 from service.server import SERVICE_NAME, InferenceServer
 from service.telemetry import OTelTelemetry, Telemetry
 from service.telemetry_setup import make_telemetry, start_prometheus
-from tests.conftest import DEFAULT_MODEL, RunningServer, wait_idle
+from tests.conftest import DEFAULT_MODEL, RunningServer, server_config, wait_idle
 from tests.helpers import OpenStream, req, run_stream
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -44,18 +44,7 @@ TRACE_ID, PARENT_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
 TRACEPARENT = (("traceparent", f"00-{TRACE_ID:032x}-{PARENT_ID:016x}-01"),)
 
 
-def config(**overrides: Any) -> ServerConfig:
-    base: dict[str, Any] = dict(
-        model=str(DEFAULT_MODEL),
-        host="127.0.0.1",
-        port=0,
-        ctx=4096,
-        max_running=8,
-        kv_lanes=64,
-        step_tokens=128,
-        threads=2,
-    )
-    return ServerConfig(**{**base, **overrides})
+config = server_config
 
 
 class LoopServer:
