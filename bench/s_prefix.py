@@ -132,9 +132,13 @@ def run_many_prefixes(cfg: BenchConfig) -> dict[str, Any]:
         "ctx": ctx,
         "max_tokens": 16,
     }
-    for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--no-prefix-cache"])):
+    # NOTE: the workload's working set (n_sys x length tokens) is sized into the
+    # cache explicitly, as an operator would; the default cache is 2,048 tokens.
+    cache = ["--prefix-cache-tokens", str(ctx - 4096)]
+    out["prefix_cache_tokens"] = ctx - 4096
+    for label, flags in (("prefix_cache", cache), ("no_prefix_cache", ["--no-prefix-cache"])):
         with GrpcServer(f"D-{label}", cfg.model, "--ctx", str(ctx), *flags, threads=cfg.threads) as srv:
-            row = asyncio.run(_many(srv.target, fill if not flags else [], measured, 16))
+            row = asyncio.run(_many(srv.target, fill if label == "prefix_cache" else [], measured, 16))
         out[label] = row
         say(
             f"  {label}: hit rate {(row['prefix_hit_rate'] or 0) * 100:.1f}%, TTFT p50 "

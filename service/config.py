@@ -28,6 +28,7 @@ class ServerConfig:
     step_tokens: int = 128
     batch_prefill_tokens: int = 64
     prefix_cache: bool = True
+    prefix_cache_tokens: int = 2048
     scheduling: str = "priority"
     aging_s: float = 30.0
     queue_limit_interactive: int = 256
@@ -57,6 +58,8 @@ HELP = {
     "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
     "batch_prefill_tokens": "per-step cap on batch-tier prompt tokens (bounds the wait of arriving interactive work)",
     "prefix_cache": "reuse KV of shared prompt prefixes",
+    "prefix_cache_tokens": "most tokens of finished requests kept cached for reuse (idle cached cells "
+    "slow every decode step a little; size this to the shared prefixes you expect)",
     "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",
     "aging_s": "a batch request waiting longer than this is treated as interactive",
     "queue_limit_interactive": "waiting interactive requests before RESOURCE_EXHAUSTED",
@@ -139,6 +142,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--batch-prefill-tokens must be >= 1"
     if c.block_size < 1 or c.ctx < c.block_size:
         return "--ctx must be at least one block"
+    if c.prefix_cache_tokens < 0:
+        return "--prefix-cache-tokens must be >= 0"
     if c.threads < 1:
         return "--threads must be >= 1"
     return None

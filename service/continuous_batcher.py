@@ -75,6 +75,7 @@ class Engine:
             token_budget=config.token_budget,
             append_token=self._append_token,
             batch_prefill_budget=config.batch_prefill_budget,
+            mixed_step_tokens=runner.mixed_batch_max,
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()

@@ -8,9 +8,13 @@ Per-step token budget, in this order::
 
     [ decode tokens of running sequences ][ prefill chunks, interactive tier ][ ... batch tier ]
       1 token each (or a few forced ones)   running prefills, then admissions   (chunked to fit)
+    |<------------- at most ``mixed_step_tokens`` when decode rows are present ------------->|
 
 so decoding never starves behind prefill, interactive prefill goes before batch
-prefill, and a long prompt is split across steps.
+prefill, and a long prompt is split across steps. A step with no decode rows
+(an idle server's prompt, or an interactive first-token step) may use the whole
+``token_budget``: the runner is fastest on prompt-only batches, and slow on large
+batches that mix decodes with prompts (see ``runner.MIXED_BATCH_MAX``).
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ from service.paged_kv import KVBlockManager, KVOp
 from service.priority import QueuePolicy
 from service.sequence import FinishReason, Priority, SeqStatus, Sequence
 
-# A running sequence with at most this many uncomputed tokens is "decoding"
-# (more than one happens when a grammar forces tokens).
+# A running sequence past its prompt with at most this many uncomputed tokens is
+# "decoding" (more than one happens when a grammar forces tokens).
 DECODE_MAX_TOKENS = 16
+
+
+def _is_decoding(seq: Sequence) -> bool:
+    """Past its prompt, with only sampled (or grammar-forced) tokens left to compute."""
+    return seq.num_computed >= seq.num_prompt_tokens and seq.num_uncomputed <= DECODE_MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class Scheduler:
         token_budget: int,
         append_token: FinishCheck,
         batch_prefill_budget: int | None = None,
+        mixed_step_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if token_budget < max_running:
@@ -73,6 +83,7 @@ class Scheduler:
         self.max_running = max_running
         self.token_budget = token_budget
         self.batch_prefill_budget = token_budget if batch_prefill_budget is None else batch_prefill_budget
+        self.mixed_step_tokens = mixed_step_tokens  # cap on steps with decode rows (None: no cap)
         self._append_token = append_token
         self._clock = clock
         self.waiting: list[Sequence] = []
@@ -110,13 +121,15 @@ class Scheduler:
         step = _StepBuilder(self, now)
         tier_of = self.policy.effective_tier
         tiered = sorted(self.running, key=lambda s: (tier_of(s, now), s.arrival))
-        decoding = [s for s in tiered if s.num_uncomputed <= DECODE_MAX_TOKENS]
-        prefilling = [s for s in tiered if s.num_uncomputed > DECODE_MAX_TOKENS]
-        tiers = (Priority.INTERACTIVE,) if self._isolate(prefilling, now) else tuple(Priority)
-        self._isolated_last = len(tiers) == 1
-        for seq in decoding:
-            if tier_of(seq, now) in tiers:
+        decoding = [s for s in tiered if _is_decoding(s)]
+        prefilling = [s for s in tiered if not _is_decoding(s)]
+        isolated = self._isolate(prefilling, now)
+        self._isolated_last = isolated
+        tiers = (Priority.INTERACTIVE,) if isolated else tuple(Priority)
+        if not isolated:
+            for seq in decoding:
                 step.run(seq)
+            step.cap_mixed(self.mixed_step_tokens)
         queue = self.policy.order(self.waiting, now)
         for tier in tiers:
             for seq in prefilling:
@@ -134,12 +147,13 @@ class Scheduler:
         )
 
     def _isolate(self, prefilling: list[Sequence], now: float) -> bool:
-        """Run this step for interactive work only? (An interactive request awaits its first token.)
+        """Make this step interactive prefill only? (An interactive request awaits its first token.)
 
         NOTE: a step's duration grows with every sequence in it, and an
-        interactive request's first token has to wait for a whole step. Leaving
-        batch decodes out of that one step keeps interactive TTFT close to an idle
-        server's; never two isolated steps in a row, so batch work keeps moving.
+        interactive request's first token has to wait for a whole step. A step of
+        interactive prompts alone (no decode rows, the whole token budget) keeps
+        TTFT close to an idle server's; never two isolated steps in a row, so
+        running sequences lose at most every other step.
         """
         if not self.policy.isolate_first_tokens or self._isolated_last:
             return False
@@ -202,6 +216,16 @@ class _StepBuilder:
         self.items: dict[int, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
         self.reasons: list[str] = []
+
+    def cap_mixed(self, cap: int | None) -> None:
+        """Once decode rows are planned, keep the whole step under ``cap`` tokens.
+
+        No cap without decode rows, nor when they alone reach it (the step is a
+        large one either way, and prefill must not starve).
+        """
+        used = self.s.token_budget - self.budget
+        if cap is not None and 0 < used < cap:
+            self.budget = min(self.budget, cap - used)
 
     def _room(self, seq: Sequence, wanted: int, prefill: bool) -> int:
         """Tokens ``seq`` may compute now: the step budget, and for batch prefill its own cap.

@@ -55,6 +55,7 @@ def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None) -> 
         config.block_size,
         config.kv_lanes,
         prefix_cache=config.prefix_cache,
+        max_cached_blocks=config.prefix_cache_tokens // config.block_size,
     )
     engine_config = EngineConfig(
         max_running=config.max_running,

@@ -46,6 +46,21 @@ def test_allocate_takes_blocks_on_demand_and_free_returns_them() -> None:
     kv.check_integrity([])
 
 
+def test_cached_blocks_are_capped_lru_first_and_their_cells_removed() -> None:
+    kv, shadow = KVBlockManager(16, 4, 8, max_cached_blocks=3), ShadowKV(64)
+    old, new = seq(list(range(100, 108)), "old"), seq(list(range(200, 208)), "new")
+    assert admit(kv, old, shadow) and admit(kv, new, shadow)
+    old_lane = old.lane
+    kv.free(old)
+    kv.free(new)  # 4 full blocks now unreferenced; the cap keeps the 3 most recent
+    assert kv.num_cached == 3 and kv.num_free == 13
+    shadow.apply(kv.take_ops())
+    assert shadow.lane_tokens(old_lane) == list(range(100, 104))  # old's tail block went first
+    assert kv.match_prefix(seq(list(range(200, 209)))).num_tokens == 8  # the newest survive
+    assert kv.match_prefix(seq(list(range(100, 109)))).num_tokens == 4
+    kv.check_integrity([])
+
+
 def test_prefix_is_shared_zero_copy_and_counted() -> None:
     kv, shadow = KVBlockManager(16, 4, 4), ShadowKV(64)
     a = seq([1, 2, 3, 4, 5, 6, 7, 8, 9], "a")

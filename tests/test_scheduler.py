@@ -112,8 +112,8 @@ def test_budget_decodes_first_then_chunked_prefill() -> None:
     sched.add(inter)
     plan = sched.schedule()
     sizes = {i.seq.request_id: i.num_tokens for i in plan.items}
-    # An interactive request awaiting its first token gets a step without batch work...
-    assert sizes == {"d0": 1, "d1": 1, "d2": 1, "inter": 6}
+    # An interactive request awaiting its first token gets a step of its prompt alone...
+    assert sizes == {"inter": 6}
     sched.update(plan, fake_forward(sched, shadow, plan))
     later = mkseq("later", 6, base=300)
     sched.add(later)
@@ -121,6 +121,33 @@ def test_budget_decodes_first_then_chunked_prefill() -> None:
     sizes = {i.seq.request_id: i.num_tokens for i in plan.items}
     # ...but never two in a row, and interactive prefill still goes before batch prefill.
     assert sizes == {"d0": 1, "d1": 1, "d2": 1, "inter": 1, "later": 6, "long": 16 - 4 - 6}
+
+
+def test_steps_with_decode_rows_stay_under_the_mixed_cap() -> None:
+    kv = KVBlockManager(64, 4, 16)
+    sched = Scheduler(
+        kv, FCFSPolicy(), max_running=6, token_budget=32, append_token=append_token, mixed_step_tokens=10
+    )
+    shadow = ShadowKV(64 * 4)
+    first = mkseq("first", 30, max_tokens=20)
+    sched.add(first)
+    plan = sched.schedule()
+    assert plan.num_tokens == 30  # no decode rows yet: the whole budget
+    sched.update(plan, fake_forward(sched, shadow, plan))
+    sched.add(mkseq("second", 30, max_tokens=20, base=100))
+    sizes = []
+    for _ in range(4):
+        plan = sched.schedule()
+        sizes.append({i.seq.request_id: i.num_tokens for i in plan.items})
+        sched.update(plan, fake_forward(sched, shadow, plan))
+        kv.check_integrity(sched.running)
+    # one decode row + 9 prompt tokens per step (10 in all), then both decode
+    assert sizes == [
+        {"first": 1, "second": 9},
+        {"first": 1, "second": 9},
+        {"first": 1, "second": 9},
+        {"first": 1, "second": 3},
+    ]
 
 
 def test_preemption_when_running_cap_is_full_keeps_tokens() -> None:
