@@ -162,9 +162,13 @@ def test_preempt_then_resume_reuses_own_cached_blocks() -> None:
 class KVMachine(RuleBasedStateMachine):
     """Random allocate/grow/finish/preempt sequences; integrity and cell checks after each."""
 
+    max_cached_blocks: int | None = None
+
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVBlockManager(num_blocks=12, block_size=3, num_lanes=5)
+        self.kv = KVBlockManager(
+            num_blocks=12, block_size=3, num_lanes=5, max_cached_blocks=self.max_cached_blocks
+        )
         self.shadow = ShadowKV(36)
         self.running: list[Sequence] = []
         self.n = 0
@@ -206,9 +210,21 @@ class KVMachine(RuleBasedStateMachine):
     @invariant()
     def integrity(self) -> None:
         self.kv.check_integrity(self.running)
+        if self.max_cached_blocks is not None:
+            assert self.kv.num_cached <= self.max_cached_blocks
         for s in self.running:
             assert self.shadow.lane_tokens(s.lane) == s.token_ids[: s.num_computed]  # type: ignore[arg-type]
 
 
 TestKVMachine = KVMachine.TestCase
 TestKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class CappedKVMachine(KVMachine):
+    """The same, with a prefix cache capped at 2 blocks (evictions on free)."""
+
+    max_cached_blocks = 2
+
+
+TestCappedKVMachine = CappedKVMachine.TestCase
+TestCappedKVMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
