@@ -9,6 +9,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
+from service.sequence import Priority
 from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
 from tests.helpers import MarginRecorder, OpenStream, assert_same_greedy, req, run_stream
 
@@ -112,6 +113,11 @@ def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
         stream.send(req("long", "Tell me a long story.", 60, ignore_eos=True))
         stream.send(req("queued", "Hi", 4))
         stream.next_event()
+        # NOTE: the stream's messages reach the server asynchronously; reject only
+        # once "queued" really holds the one queue place.
+        deadline = time.monotonic() + 10
+        while tight.engine.admission.depth(Priority.INTERACTIVE) < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
         stub = pb_grpc.InferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as info:
             stub.GenerateJSON(pb.GenerateJSONRequest(prompt="x", json_schema='{"type":"object"}'))
