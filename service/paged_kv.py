@@ -19,14 +19,14 @@ prefix is zero-copy: ``llama_memory_seq_cp(holder, lane, p0, p1)``::
 When a sequence finishes, its full blocks stay cached (their lanes become
 *holder* lanes) until memory is needed or the cache exceeds ``max_cached_blocks``;
 then blocks are evicted LRU, tail first, and their cells removed from every
-holder lane.
+holder lane. A lane is reused only when it holds no cells. This module never
+calls llama.cpp: it queues ``KVOp``s that the engine applies before the next
+decode.
 
 NOTE: cached cells are not free to keep. With a unified pool llama.cpp attends
 (and builds masks) over every cell up to the highest one in use, so each cached
 cell slows every decode step a little; measured on Gemma 3 270M at batch 16,
-~6,000 idle cells cost ~17% step time. The cap bounds that tax. A lane is reused only
-when it holds no cells. This module never calls llama.cpp: it queues
-``KVOp``s that the engine applies before the next decode.
+~6,000 idle cells cost ~17% step time. The cap bounds that tax.
 """
 
 from __future__ import annotations

@@ -145,13 +145,7 @@ class ModelRunner:
     """
 
     def __init__(
-        self,
-        model_path: str | Path,
-        *,
-        n_ctx: int,
-        n_batch: int,
-        n_lanes: int,
-        n_threads: int,
+        self, model_path: str | Path, *, n_ctx: int, n_batch: int, n_lanes: int, n_threads: int
     ) -> None:
         self.model_path = Path(model_path)
         self.model = _load_model(model_path, vocab_only=False)
