@@ -100,8 +100,7 @@ class InferenceServer:
         log.info("listening on %s:%d; loading %s", self.config.host, self.port, self.config.model)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        engine, builder, grammar = await loop.run_in_executor(None, self._load)
-        engine.start(loop)
+        engine, builder, grammar = await loop.run_in_executor(None, self._load, loop)
         self.engine, self.grammar = engine, grammar
         self.servicer.attach(engine, builder, grammar)
         await self._set_health(SERVING)
@@ -113,7 +112,8 @@ class InferenceServer:
         )
         return self.port
 
-    def _load(self) -> tuple[Engine, RequestBuilder, GrammarService]:
+    def _load(self, loop: asyncio.AbstractEventLoop) -> tuple[Engine, RequestBuilder, GrammarService]:
+        """Load the model and start the engine (its thread runs the warm-up decode)."""
         engine = build_engine(self.config)
         self.telemetry.attach(engine)  # engine hooks, OTel metric callbacks
         vocab = engine.runner.vocab
@@ -129,7 +129,7 @@ class InferenceServer:
             log.warning("model has no chat template; using ChatML for messages")
         limit = min(engine.kv.capacity_tokens, engine.runner.n_ctx_train)
         builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit))
-        engine.warm_up()
+        engine.start(loop)
         return engine, builder, grammar
 
     async def _set_health(self, status: Any) -> None:

@@ -244,3 +244,25 @@ def test_join_mid_generation(server: RunningServer, channel: grpc.Channel) -> No
     stream.close()
     stream.join()
     assert_kv_clean(server)
+
+
+def test_every_decode_runs_on_the_engine_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up included: a second thread that decodes slows all later decodes (OpenMP teams)."""
+    from service.runner import ModelRunner
+
+    seen: list[tuple[object, int]] = []
+    decode = ModelRunner.decode
+
+    def recording(self: ModelRunner, *args: object) -> object:
+        seen.append((self, threading.get_ident()))
+        return decode(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ModelRunner, "decode", recording)
+    srv = start_server()
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            assert run_stream(ch, [req("a", "Hello there", 4)])["a"].done is not None
+        mine = {ident for runner, ident in seen if runner is srv.engine.runner}
+        assert mine == {srv.engine._thread.ident}  # warm-up and requests alike
+    finally:
+        srv.close()

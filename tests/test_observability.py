@@ -124,7 +124,7 @@ def _statuses(channel: grpc.Channel) -> set[int]:
 def test_health_not_serving_while_loading_and_draining() -> None:
     srv = LoopServer(config())
     gate, load = threading.Event(), srv.server._load
-    srv.server._load = lambda: (gate.wait(60), load())[1]  # type: ignore[method-assign]
+    srv.server._load = lambda loop: (gate.wait(60), load(loop))[1]  # type: ignore[method-assign]
     started = asyncio.run_coroutine_threadsafe(srv.server.start(), srv.loop)
     while not srv.server.port:
         time.sleep(0.01)
