@@ -112,14 +112,16 @@ def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
         stream = OpenStream(ch)
         # NOTE: "long" must outlast the unary call's grammar compile, which runs
         # before admission; the stream is cancelled once the check is done.
+        # "queued" goes only after "long" has left the queue, or it would be rejected itself.
         stream.send(req("long", "Tell me a long story.", 1000, ignore_eos=True))
+        assert stream.next_event().request_id == "long"
         stream.send(req("queued", "Hi", 4))
-        stream.next_event()
         # NOTE: the stream's messages reach the server asynchronously; reject only
         # once "queued" really holds the one queue place.
         deadline = time.monotonic() + 10
         while tight.engine.admission.depth(Priority.INTERACTIVE) < 1 and time.monotonic() < deadline:
             time.sleep(0.005)
+        assert tight.engine.admission.depth(Priority.INTERACTIVE) == 1
         stub = pb_grpc.InferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as info:
             stub.GenerateJSON(pb.GenerateJSONRequest(prompt="x", json_schema='{"type":"object"}'))
