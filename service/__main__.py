@@ -17,7 +17,7 @@ from service.server import InferenceServer
 log = logging.getLogger("service")
 
 
-REQUEST_FIELDS = ("request_id", "trace_id", "span_id")
+REQUEST_FIELDS = ("request_id", "tenant", "trace_id", "span_id")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -96,6 +96,7 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.tenancy.reload)  # re-read the tenants file
     try:
         await server.start()
     except ModelLoadError as exc:

@@ -40,6 +40,11 @@ class ServerConfig:
     log_level: str = "INFO"
     trace_console: bool = False
     prometheus_port: int = 0
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_tokens: str = ""
+    fair_share: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +76,12 @@ HELP = {
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "trace_console": "also print OpenTelemetry spans to the console",
     "prometheus_port": "serve OpenTelemetry metrics for Prometheus on this port (0 = off)",
+    "tls_cert": "PEM server certificate (chain): serve TLS instead of plaintext; re-read when it changes",
+    "tls_key": "PEM private key of --tls-cert",
+    "tls_client_ca": "PEM CA bundle: require client certificates signed by it (mTLS)",
+    "auth_tokens": "tenants file (JSON/TOML: token SHA-256s, weights, roles, quotas; see docs/security.md); "
+    "calls need a tenant's bearer token; reloaded on change or SIGHUP (empty = no authentication)",
+    "fair_share": "with --auth-tokens: share each priority tier fairly between tenants (virtual token counter)",
 }
 CHOICES = {"scheduling": ("priority", "fcfs"), "log_format": ("text", "json")}
 
@@ -146,4 +157,6 @@ def validate(c: ServerConfig) -> str | None:
         return "--prefix-cache-tokens must be >= 0"
     if c.threads < 1:
         return "--threads must be >= 1"
+    if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
+        return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
     return None

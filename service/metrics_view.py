@@ -21,7 +21,29 @@ def _latency(d: dict[str, float]) -> pb.LatencySummary:
     )
 
 
-def metrics_response(engine: Any, grammar: Any = None) -> pb.GetMetricsResponse:
+def tenant_metrics(tenancy: Any) -> list[pb.TenantMetrics]:
+    """Per-tenant figures (``service.tenancy.Tenancy.rows``); names come from the tenants file only."""
+    if tenancy is None:
+        return []
+    return [
+        pb.TenantMetrics(
+            tenant=r["tenant"],
+            weight=r["weight"],
+            requests_total=r["requests"],
+            requests_rejected=r["rejected"],
+            requests_finished=r["finished"],
+            in_flight=r["in_flight"],
+            queued=r["queued"],
+            prompt_tokens=r["prompt_tokens"],
+            generated_tokens=r["generated_tokens"],
+            window_tokens=r["window_tokens"],
+            service=r["service"],
+        )
+        for r in tenancy.rows()
+    ]
+
+
+def metrics_response(engine: Any, grammar: Any = None, tenancy: Any = None) -> pb.GetMetricsResponse:
     """A consistent-enough snapshot: counters from the metrics lock, gauges read as they are."""
     snap = engine.metrics.snapshot()
     sched, kv = engine.scheduler, engine.kv
@@ -93,4 +115,5 @@ def metrics_response(engine: Any, grammar: Any = None) -> pb.GetMetricsResponse:
             forced_tokens=g["forced_tokens"],
         ),
         model=engine.runner.model_path.name,
+        tenants=tenant_metrics(tenancy),
     )

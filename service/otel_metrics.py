@@ -36,8 +36,9 @@ Callback = Callable[[CallbackOptions], Iterable[Observation]]
 class _Snapshot:
     """One GetMetrics proto shared by all callbacks of a collection."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, tenancy: Any = None) -> None:
         self.engine = engine
+        self.tenancy = tenancy
         self._lock = threading.Lock()
         self._at = -1.0
         self._value: pb.GetMetricsResponse | None = None
@@ -52,14 +53,19 @@ class _Snapshot:
     def _read(self) -> pb.GetMetricsResponse:
         for _ in range(3):  # the engine thread may resize a dict we iterate; just read again
             try:
-                return metrics_response(self.engine)
+                return metrics_response(self.engine, None, self.tenancy)
             except RuntimeError:
                 continue
-        return metrics_response(self.engine)
+        return metrics_response(self.engine, None, self.tenancy)
 
 
 def _per_tier(field: str) -> Callable[[pb.GetMetricsResponse], Rows]:
     return lambda m: [(getattr(t, field), {PRIO: TIER[t.priority]}) for t in m.tiers]
+
+
+def _per_tenant(field: str) -> Callable[[pb.GetMetricsResponse], Rows]:
+    # NOTE: bounded cardinality: tenant names come from the tenants file only.
+    return lambda m: [(getattr(t, field), {"inference.tenant": t.tenant}) for t in m.tenants]
 
 
 def _finished(m: pb.GetMetricsResponse) -> Rows:
@@ -111,6 +117,25 @@ COUNTERS: list[Instrument] = [
         _per_tier("requests_rejected"),
     ),
     ("inference.preemptions", "{preemption}", "preemptions", _per_tier("preemptions")),
+    ("inference.tenant.requests", "{request}", "requests accepted per tenant", _per_tenant("requests_total")),
+    (
+        "inference.tenant.rejected",
+        "{request}",
+        "requests refused by a tenant quota",
+        _per_tenant("requests_rejected"),
+    ),
+    (
+        "inference.tenant.generated_tokens",
+        "{token}",
+        "tokens generated per tenant (finished requests)",
+        _per_tenant("generated_tokens"),
+    ),
+    (
+        "inference.tenant.prompt_tokens",
+        "{token}",
+        "prompt tokens per tenant (finished requests)",
+        _per_tenant("prompt_tokens"),
+    ),
     (
         "inference.prompt_tokens",
         "{token}",
@@ -156,6 +181,8 @@ COUNTERS: list[Instrument] = [
 GAUGES: list[Instrument] = [
     ("inference.requests.waiting", "{request}", "requests waiting now", _per_tier("waiting")),
     ("inference.requests.running", "{request}", "requests running now", _per_tier("running")),
+    ("inference.tenant.in_flight", "{request}", "requests in flight per tenant", _per_tenant("in_flight")),
+    ("inference.tenant.service", "{token}", "fair-share virtual token counter", _per_tenant("service")),
     ("inference.latency", "ms", "latency over the recent window (queue_time, ttft, tpot, e2e)", _latency),
     (
         "inference.throughput",
@@ -187,9 +214,9 @@ GAUGES: list[Instrument] = [
 ]
 
 
-def observe_engine(meter: Meter, engine: Any) -> None:
-    """Register every COUNTERS/GAUGES instrument, reading ``engine``'s GetMetrics figures."""
-    snapshot = _Snapshot(engine)
+def observe_engine(meter: Meter, engine: Any, tenancy: Any = None) -> None:
+    """Register every COUNTERS/GAUGES instrument, reading ``engine``'s (and ``tenancy``'s) GetMetrics figures."""
+    snapshot = _Snapshot(engine, tenancy)
 
     def callback(rows: Callable[[pb.GetMetricsResponse], Rows]) -> Callback:
         return lambda _options: [Observation(v, a) for v, a in rows(snapshot.get())]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
+from service.fair_share import FairShare
 from service.sequence import Priority, Sequence
 
 
@@ -67,8 +68,15 @@ class PriorityPolicy(QueuePolicy):
     name = "priority"
     isolate_first_tokens = True
 
-    def __init__(self, aging_s: float = 30.0) -> None:
+    def __init__(self, aging_s: float = 30.0, fair: FairShare | None = None) -> None:
         self.aging_s = aging_s
+        self.fair = fair  # fair share between tenants within each tier (None: FCFS within a tier)
+
+    def order(self, waiting: Iterable[Sequence], now: float) -> list[Sequence]:
+        if self.fair is None:
+            return super().order(waiting, now)
+        # Preempted sequences still lead their tier; tenants take turns inside each group.
+        return self.fair.order(list(waiting), lambda s: (self.effective_tier(s, now), s.queue_key[0]))
 
     def effective_tier(self, seq: Sequence, now: float) -> Priority:
         # NOTE: aging counts time spent *waiting*, not age: a batch request that is
@@ -92,6 +100,8 @@ class PriorityPolicy(QueuePolicy):
 
 class QueueFull(Exception):
     """The tier's queue limit is reached; ``retry_after_ms`` is a hint for the client."""
+
+    quota = ""  # set by service.quotas.QuotaExceeded: the tenant quota that refused the request
 
     def __init__(self, priority: Priority, limit: int, retry_after_ms: int) -> None:
         super().__init__(
@@ -136,9 +146,10 @@ class AdmissionControl:
         return self._queued[priority]
 
 
-def make_policy(name: str, aging_s: float = 30.0) -> QueuePolicy:
+def make_policy(name: str, aging_s: float = 30.0, fair: FairShare | None = None) -> QueuePolicy:
+    """The ``--scheduling`` policy; ``fair`` (priority only) shares each tier between tenants."""
     if name == "fcfs":
         return FCFSPolicy()
     if name == "priority":
-        return PriorityPolicy(aging_s)
+        return PriorityPolicy(aging_s, fair)
     raise ValueError(f"unknown scheduling policy {name!r} (fcfs|priority)")

@@ -108,6 +108,7 @@ class Sequence:
     finish_time: float | None = None
     rng: np.random.Generator | None = None
     trace: Any = None  # request tracing handle (service.telemetry), or None
+    tenant: str = "anonymous"  # who sent it (service.auth); fair share and quotas are per tenant
     # Output produced by the current step, drained by the engine's emit.
     out_tokens: list[int] = field(default_factory=list)
     out_text: str = ""

@@ -25,6 +25,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.chat import ChatTemplate
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
+from service.fair_share import FairShare
 from service.grammar_service import GrammarService
 from service.metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
@@ -34,6 +35,8 @@ from service.runner import ModelRunner
 from service.sequence import Priority
 from service.servicer import InferenceServicer
 from service.telemetry import Telemetry
+from service.tenancy import Tenancy
+from service.tls import CertificateFiles, server_credentials
 
 log = logging.getLogger("service.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -41,8 +44,10 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None) -> Engine:
-    """Load the model and build the engine (not started)."""
+def build_engine(
+    config: ServerConfig, metrics: EngineMetrics | None = None, fair: FairShare | None = None
+) -> Engine:
+    """Load the model and build the engine (not started); ``fair`` shares tiers between tenants."""
     runner = ModelRunner(
         config.model,
         n_ctx=config.ctx,
@@ -63,7 +68,7 @@ def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None) -> 
         batch_prefill_budget=config.batch_prefill_tokens,
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
     )
-    return Engine(runner, kv, make_policy(config.scheduling, config.aging_s), engine_config, metrics)
+    return Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
 
 
 class InferenceServer:
@@ -73,7 +78,11 @@ class InferenceServer:
         self.config = config
         self.telemetry = telemetry or Telemetry()
         self.health = HealthServicer()
+        self.tenancy = Tenancy.from_config(config)  # a bad tenants file fails here, before listening
+        self.telemetry.tenancy = self.tenancy
         self.servicer = InferenceServicer(self.telemetry)
+        self.servicer.tenancy = self.tenancy
+        self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
         self.server: grpc.aio.Server | None = None
@@ -82,9 +91,11 @@ class InferenceServer:
     async def start(self) -> int:
         """Listen, load, warm up, then report SERVING; returns the bound port."""
         await self._set_health(NOT_SERVING)
-        self.server = grpc.aio.server(
-            interceptors=self.telemetry.server_interceptors(), options=[("grpc.so_reuseport", 0)]
+        # NOTE: tracing first, so refused calls still get an RPC span (with the refusal's status).
+        interceptors = self.telemetry.server_interceptors() + self.tenancy.interceptors(
+            mtls=bool(self.config.tls_client_ca)
         )
+        self.server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_InferenceServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -95,7 +106,7 @@ class InferenceServer:
             ),
             self.server,
         )
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self.port = self._add_port()
         await self.server.start()
         log.info("listening on %s:%d; loading %s", self.config.host, self.port, self.config.model)
         loop = asyncio.get_running_loop()
@@ -114,7 +125,7 @@ class InferenceServer:
 
     def _load(self, loop: asyncio.AbstractEventLoop) -> tuple[Engine, RequestBuilder, GrammarService]:
         """Load the model and start the engine (its thread runs the warm-up decode)."""
-        engine = build_engine(self.config)
+        engine = build_engine(self.config, fair=self.tenancy.fair)
         self.telemetry.attach(engine)  # engine hooks, OTel metric callbacks
         vocab = engine.runner.vocab
         grammar = GrammarService(
@@ -131,6 +142,17 @@ class InferenceServer:
         builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit))
         engine.start(loop)
         return engine, builder, grammar
+
+    def _add_port(self) -> int:
+        """Plaintext by default; TLS with --tls-cert/--tls-key (mTLS with --tls-client-ca), rotated on change."""
+        assert self.server is not None
+        address = f"{self.config.host}:{self.config.port}"
+        if not self.config.tls_cert:
+            return self.server.add_insecure_port(address)
+        creds, self.tls_files = server_credentials(
+            self.config.tls_cert, self.config.tls_key, self.config.tls_client_ca or None
+        )
+        return self.server.add_secure_port(address, creds)
 
     async def _set_health(self, status: Any) -> None:
         await self.health.set("", status)

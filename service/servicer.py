@@ -18,6 +18,7 @@ import grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
+from service.auth import current_tenant
 from service.continuous_batcher import Draining, Engine
 from service.events import Delta, Done, Error
 from service.grammar_service import GrammarService
@@ -26,6 +27,7 @@ from service.priority import QueueFull
 from service.requests import BadRequest, RequestBuilder
 from service.sequence import FinishReason, Sequence
 from service.telemetry import Telemetry
+from service.tenancy import Tenancy
 from service.textstream import TextStream
 
 log = logging.getLogger("service.rpc")
@@ -66,6 +68,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
+        self.tenancy = Tenancy()  # the server sets its own (tenants file, quotas)
         self.ready = False
 
     def attach(self, engine: Engine, builder: RequestBuilder, grammar: GrammarService) -> None:
@@ -97,6 +100,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         ids = self.builder.prompt_ids(prompt, list(messages))
         params = self.builder.sampling(sampling, len(ids), json_mode=json_mode)
         seq = Sequence(request_id=request_id, token_ids=ids, params=params, priority=prio, deadline=deadline)
+        seq.tenant = current_tenant()  # set by service.auth's interceptor
         seq.text = TextStream(self.builder.vocab.token_bytes, params.stop)
         if fmt is not None:
             seq.matcher, seq.grammar = await self.grammar.matcher_for(*fmt)
@@ -106,7 +110,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Submit; QueueFull/Draining propagate to the caller (telemetry sees them as the request's end)."""
         self.telemetry.on_submit(seq)
         try:
-            self.engine.submit(seq)
+            self.tenancy.submit(seq, self.engine.submit)  # per-tenant quotas first (QuotaExceeded)
         except (QueueFull, Draining) as exc:
             status = "RESOURCE_EXHAUSTED" if isinstance(exc, QueueFull) else "UNAVAILABLE"
             self.telemetry.on_finish(seq, Error(status, str(exc)))
@@ -161,7 +165,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except BadRequest as exc:
             await context.abort(grpc.StatusCode[exc.status], str(exc))
         except QueueFull as exc:
-            context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
+            quota = (("inference-quota", exc.quota),) if exc.quota else ()
+            context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)), *quota))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Draining as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -199,7 +204,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext) -> Any:
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly")
-        return metrics_response(self.engine, self.grammar)
+        return metrics_response(self.engine, self.grammar, self.tenancy)
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:

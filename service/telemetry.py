@@ -41,6 +41,7 @@ class Telemetry:
     """
 
     enabled = False  # True: the engine calls the per-token hook (on_first_token)
+    tenancy: Any = None  # service.tenancy.Tenancy, set by the server (per-tenant metrics)
 
     def attach(self, engine: Any) -> None:
         """Called once the engine is built (before SERVING): route its hooks here."""
@@ -51,8 +52,8 @@ class Telemetry:
         return []
 
     def log_fields(self, seq: Sequence) -> dict[str, str]:
-        """``extra=`` for request log lines: request_id, and trace_id/span_id when traced."""
-        return {"request_id": seq.request_id}
+        """``extra=`` for request log lines: request_id, tenant, and trace_id/span_id when traced."""
+        return {"request_id": seq.request_id, "tenant": seq.tenant}
 
     def on_submit(self, seq: Sequence) -> None:
         """Event loop thread: the request was validated and is about to be queued."""
@@ -124,6 +125,7 @@ def _request_attributes(seq: Sequence, model: str) -> dict[str, Any]:
         "gen_ai.request.stream": True,
         "gen_ai.usage.input_tokens": seq.num_prompt_tokens,
         "inference.request_id": seq.request_id,
+        "inference.tenant": seq.tenant,  # the name, never the token
         "inference.priority": seq.priority.name.lower(),
         "inference.constrained": seq.matcher is not None,
     }
@@ -168,7 +170,7 @@ class OTelTelemetry(Telemetry):
             from service.otel_metrics import RequestHistograms, observe_engine
 
             meter = self.meter_provider.get_meter("service.inference")
-            observe_engine(meter, engine)
+            observe_engine(meter, engine, self.tenancy)
             self._histograms = RequestHistograms(meter, self.model)
 
     def server_interceptors(self) -> list[Any]:
@@ -179,7 +181,7 @@ class OTelTelemetry(Telemetry):
         return [aio_server_interceptor(self.tracer_provider, filters.negate(filters.health_check()))]
 
     def log_fields(self, seq: Sequence) -> dict[str, str]:
-        fields = {"request_id": seq.request_id}
+        fields = {"request_id": seq.request_id, "tenant": seq.tenant}
         if seq.trace is not None:
             ctx = seq.trace.get_span_context()
             fields["trace_id"] = f"{ctx.trace_id:032x}"
