@@ -26,6 +26,7 @@ INTERACTIVE = pb.PRIORITY_INTERACTIVE
 BATCH = pb.PRIORITY_BATCH
 _ids = itertools.count()
 TokenSink = Callable[[int, float], None]
+FirstTokenSink = Callable[[float, float], None]
 REQUEST_TIMEOUT_S = 600.0  # a stalled server fails the request instead of hanging the suite
 
 
@@ -63,9 +64,15 @@ def gen_request(
 class Stream:
     """One Generate stream; ``request`` may be awaited concurrently from many tasks."""
 
-    def __init__(self, channel: grpc.aio.Channel, on_tokens: TokenSink | None = None) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        on_tokens: TokenSink | None = None,
+        on_first: FirstTokenSink | None = None,
+    ) -> None:
         self._call = pb_grpc.InferenceServiceStub(channel).Generate()
         self._on_tokens = on_tokens  # (tokens, perf_counter time) of every delta
+        self._on_first = on_first  # (request start, first token time) of every request, as it happens
         self._pending: dict[str, tuple[asyncio.Future[ReqResult], list[Any]]] = {}
         self._reader = asyncio.create_task(self._read())
 
@@ -90,6 +97,8 @@ class Stream:
             n, now = len(msg.delta.token_ids), time.perf_counter()
             if n and st[1] is None:
                 st[1] = now
+                if self._on_first is not None:
+                    self._on_first(st[0], now)
             st[2] += n
             if self._on_tokens is not None:
                 self._on_tokens(n, now)

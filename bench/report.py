@@ -367,11 +367,16 @@ def _when(m: dict[str, Any]) -> str:
     return f"measured {m['date']} at git {m['git_rev']}, load average at start {m['loadavg_at_start'][0]}"
 
 
-def render_summary(files: list[Path]) -> str:
+def render_summary(files: list[Path], charts: list[tuple[str, str]] | None = None) -> str:
+    """The markdown summary of the scenario ``files``; ``charts`` = [(title, path relative to it)]."""
     docs = sorted((json.loads(f.read_text()) for f in files), key=lambda d: d["scenario"])
     out = ["# Benchmark results", ""]
     if docs:
         out += [f"Machine: {_machine_line(docs[0]['machine'])}", ""]
+    if charts:
+        out += ["Charts (`bench/plots.py`):", ""]
+        out += [f"- [{title}]({rel})" for title, rel in charts]
+        out.append("")
     for d in docs:
         out += [f"## {d['scenario']}. {d['title']}", ""]
         if _machine_line(d["machine"]) != _machine_line(docs[0]["machine"]):

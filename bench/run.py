@@ -10,7 +10,8 @@ Scenarios (each starts its own server subprocesses and stops them):
   F structured_output GenerateJSON vs unconstrained generation of the same length
   G tracing           tracing overhead (bench/bench_tracing.py, when present)
 
-Results: ``bench/results/<name>.json`` per scenario and ``bench/results/summary.md``;
+Results: ``bench/results/<name>.json`` per scenario, ``bench/results/summary.md`` and its
+charts in ``bench/results/plots/`` (``bench/plots.py``);
 server logs in ``bench/results/logs/``. ``--quick`` runs tiny loads (seconds per
 scenario, for checking the harness) into ``bench/results/quick/`` instead.
 """
@@ -172,8 +173,23 @@ def write_summary() -> Path:
         if json.loads(p.read_text()).get("scenario") in {s.key for s in SCENARIOS}
     )
     path = results_dir() / "summary.md"
-    path.write_text(report.render_summary(files))
+    charts = [(title, str(png.relative_to(results_dir()))) for title, png in render_charts()]
+    path.write_text(report.render_summary(files, charts))
     return path
+
+
+def render_charts() -> list[tuple[str, Path]]:
+    """PNG charts of the results (bench/plots.py); none, said loudly, without matplotlib."""
+    try:
+        from bench import plots
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        say("CHARTS SKIPPED: matplotlib is not installed (run `make bench-env`)")
+        return []
+    charts = plots.render_all(results_dir())
+    say(f"charts: {', '.join(str(p) for _, p in charts) or 'none (no results)'}")
+    return charts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -189,7 +205,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="llama.cpp threads of every server and the raw engine (default: all cores)",
     )
-    ap.add_argument("--summary-only", action="store_true", help="only rebuild summary.md from the JSON files")
+    ap.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="only rebuild summary.md and the charts from the JSON files",
+    )
     ap.add_argument(
         "--results-dir",
         type=Path,

@@ -6,7 +6,8 @@ reserves 8 x 4096 tokens; our server shares one pool of ``--ctx`` tokens and a
 sequence takes blocks only as it grows. The same load runs against a server
 with ``--ctx 32768`` (the naive reservation) to compare what llama.cpp
 allocated (GetMetrics kv.kv_buffer_bytes) and the process RSS (VmRSS sampled
-every 100 ms); peak blocks in use come from polling GetMetrics.
+every 100 ms); blocks in use over time (and their peak) come from polling GetMetrics
+every 50 ms.
 """
 
 from __future__ import annotations
@@ -36,19 +37,23 @@ def _workload(cfg: BenchConfig) -> list[tuple[str, int]]:
     return [(maker.text(rng.randint(lo, hi)), rng.randint(1, out_hi)) for _ in range(CLIENTS)]
 
 
-async def _poll_blocks(ch: grpc.aio.Channel, stop: asyncio.Event, peak: dict[str, int]) -> None:
+async def _poll_blocks(ch: grpc.aio.Channel, stop: asyncio.Event, timeline: dict[str, list[Any]]) -> None:
+    """Sample blocks in use and running requests every 50 ms into ``timeline`` (for the peak and the chart)."""
+    t0 = time.perf_counter()
     while not stop.is_set():
         m = await get_metrics(ch)
-        peak["blocks_used"] = max(peak["blocks_used"], m.kv.blocks_used)
-        peak["running"] = max(peak["running"], m.running)
+        timeline["t_s"].append(round(time.perf_counter() - t0, 3))
+        timeline["used"].append(m.kv.blocks_used)
+        timeline["cached"].append(m.kv.blocks_cached)
+        timeline["running"].append(m.running)
         await asyncio.sleep(0.05)
 
 
 async def _drive(target: str, work: list[tuple[str, int]]) -> dict[str, Any]:
-    peak = {"blocks_used": 0, "running": 0}
+    timeline: dict[str, list[Any]] = {"t_s": [], "used": [], "cached": [], "running": []}
     async with channel(target) as ch:
         stop = asyncio.Event()
-        poller = asyncio.create_task(_poll_blocks(ch, stop, peak))
+        poller = asyncio.create_task(_poll_blocks(ch, stop, timeline))
         streams = [Stream(ch) for _ in work]
         t0 = time.perf_counter()
         results: list[ReqResult] = await asyncio.gather(
@@ -68,12 +73,13 @@ async def _drive(target: str, work: list[tuple[str, int]]) -> dict[str, Any]:
         "wall_s": round(wall, 3),
         "preemptions": sum(r.preemptions for r in results),
         "preemptions_by_reason": dict(m.preemptions_by_reason),
-        "peak_blocks_used": peak["blocks_used"],
-        "peak_running": peak["running"],
+        "peak_blocks_used": max(timeline["used"], default=0),
+        "peak_running": max(timeline["running"], default=0),
         "blocks_total": m.kv.blocks_total,
         "block_size": m.kv.block_size,
         "bytes_per_block": m.kv.bytes_per_block,
         "kv_buffer_bytes": m.kv.kv_buffer_bytes,
+        "blocks_timeline": timeline,  # GetMetrics every 50 ms: t_s, used, cached, running
     }
 
 

@@ -6,6 +6,8 @@ arrive every 500 ms (open loop) during the window. Batch throughput counts the
 batch tokens received inside the window; at its end the batch streams are
 cancelled. Runs: interactive alone on an idle server, batch alone, and both
 together with ``--scheduling priority`` and with ``--scheduling fcfs``.
+Every run also keeps the raw client-side TTFT samples of both tiers (the
+CDF chart of ``bench/plots.py``).
 """
 
 from __future__ import annotations
@@ -51,14 +53,36 @@ class WindowMeter:
             self.tokens += n
 
 
-async def _batch_client(ch: grpc.aio.Channel, prompts: list[str], load: Load, meter: WindowMeter) -> int:
-    stream = Stream(ch, on_tokens=meter.add)
+class TtftLog:
+    """Client-side TTFT (ms) of every batch request of a run (ramp and window), as first tokens arrive.
+
+    Requests that got no token before the batch streams were cancelled at the
+    window's end are ``unfinished`` (the CDF chart counts them, so its curve
+    stops below 1 when batch requests starve).
+    """
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.samples_ms: list[float] = []
+
+    def sending(self) -> None:
+        self.sent += 1
+
+    def first(self, start: float, at: float) -> None:
+        self.samples_ms.append(round((at - start) * 1000.0, 1))
+
+
+async def _batch_client(
+    ch: grpc.aio.Channel, prompts: list[str], load: Load, meter: WindowMeter, ttft: TtftLog
+) -> int:
+    stream = Stream(ch, on_tokens=meter.add, on_first=ttft.first)
     done = 0
 
     async def loop() -> None:
         nonlocal done
         i = 0
         while True:
+            ttft.sending()
             res = await stream.request(prompts[i % len(prompts)], load.batch_tokens, BATCH)
             done += res.ok
             i += 1
@@ -113,7 +137,8 @@ async def _one_run(
         start = time.perf_counter() + (load.ramp_s if n_batch else 0.5)
         meter = WindowMeter(start, start + window_s)
         inter_meter = WindowMeter(start, start + window_s)
-        batch = [asyncio.create_task(_batch_client(ch, p, load, meter)) for p in batch_prompts]
+        batch_ttft = TtftLog()
+        batch = [asyncio.create_task(_batch_client(ch, p, load, meter, batch_ttft)) for p in batch_prompts]
         inter: list[ReqResult] = []
         if with_interactive:
             inter = await _interactive(ch, inter_prompts, load, inter_meter)
@@ -133,6 +158,11 @@ async def _one_run(
         "interactive_failed": len(inter) - len(ok),
         "interactive_ttft": latency_summary([r.ttft_ms for r in ok if r.ttft_ms is not None]),
         "interactive_server_ttft": latency_summary([r.server_ttft_ms for r in ok]),
+        # raw samples for the TTFT CDF chart (bench/plots.py)
+        "interactive_ttft_samples_ms": [round(r.ttft_ms, 1) for r in ok if r.ttft_ms is not None],
+        "batch_ttft": latency_summary(batch_ttft.samples_ms),
+        "batch_ttft_samples_ms": sorted(batch_ttft.samples_ms),
+        "batch_ttft_unfinished": batch_ttft.sent - len(batch_ttft.samples_ms),
         "preemptions": dict(m1.preemptions_by_reason),
         "preemptions_delta": m1.preemptions_total - m0.preemptions_total,
     }
