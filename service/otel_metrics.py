@@ -88,6 +88,17 @@ def _latency(m: pb.GetMetricsResponse) -> Rows:
     return out
 
 
+def _preemption_reasons(m: pb.GetMetricsResponse) -> Rows:
+    # NOTE: both known reasons are always observed (0 until one happens), so the series exist from start.
+    reasons = {"priority": 0, "kv_memory": 0} | dict(m.preemptions_by_reason)
+    return [(n, {"inference.preemption.reason": r}) for r, n in sorted(reasons.items())]
+
+
+def _compile_time(m: pb.GetMetricsResponse) -> Rows:
+    t = m.grammar.compile_time
+    return [(getattr(t, f"{s}_ms"), {"inference.statistic": s}) for s in ("mean", "p50", "p99")]
+
+
 def _field(path: str) -> Callable[[pb.GetMetricsResponse], Rows]:
     """One unlabelled observation: the figure at dotted ``path`` of the GetMetrics response."""
 
@@ -117,6 +128,12 @@ COUNTERS: list[Instrument] = [
         _per_tier("requests_rejected"),
     ),
     ("inference.preemptions", "{preemption}", "preemptions", _per_tier("preemptions")),
+    (
+        "inference.preemptions.by_reason",
+        "{preemption}",
+        "preemptions by reason (priority, kv_memory)",
+        _preemption_reasons,
+    ),
     ("inference.tenant.requests", "{request}", "requests accepted per tenant", _per_tenant("requests_total")),
     (
         "inference.tenant.rejected",
@@ -210,6 +227,7 @@ GAUGES: list[Instrument] = [
         "mask time per constrained token",
         _by("inference.statistic", {"p50": "grammar.mask_us_p50", "p99": "grammar.mask_us_p99"}),
     ),
+    ("inference.grammar.compile_time", "ms", "grammar compile time, recent window", _compile_time),
     ("inference.uptime", "s", "seconds since the server started", _field("uptime_s")),
 ]
 
