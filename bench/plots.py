@@ -1,7 +1,7 @@
 """PNG charts of the benchmark results: ``render_all(results_dir)`` -> ``<results>/plots/*.png``.
 
 One chart per scenario file present (A throughput, B KV memory, C+D prefix cache,
-E mixed priority, F structured output, G tracing), drawn with matplotlib's Agg
+E mixed priority, F structured output, G tracing, H fair share), drawn with matplotlib's Agg
 backend from the JSON the scenarios wrote. Every chart has a title, axis
 labels with units and a footer naming the machine, the model and the git
 revision the figures were measured at. Charts whose data is missing are left
@@ -27,7 +27,7 @@ matplotlib.use("Agg")  # NOTE: set before pyplot is imported; no display on serv
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from bench import plot_charts
+from bench import plot_charts, plot_fairness
 
 DPI = 110
 
@@ -75,6 +75,12 @@ CHARTS = [
     ),
     Chart(
         "tracing.png", "G. Tracing overhead: tok/s with tracing off and on", ("tracing",), plot_charts.tracing
+    ),
+    Chart(
+        "fairness.png",
+        "H. Fair share between tenants, and the cost of TLS and token auth",
+        ("fairness",),
+        plot_fairness.fairness,
     ),
 ]
 
