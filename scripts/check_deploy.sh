@@ -8,7 +8,7 @@
 # Prometheus daemon). Needs root for `apt-get update`; without promtool the check is SKIPPED, loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TOOLS=.deploy-tools
+TOOLS="$PWD/.deploy-tools"
 
 find_promtool() {
   if command -v promtool >/dev/null 2>&1; then
