@@ -83,7 +83,7 @@ def dashboard() -> dict[str, Any]:
         "label": "instance",
         "type": "query",
         "datasource": DS,
-        "query": {"query": "label_values(inference_uptime_seconds, instance)", "refId": "instance"},
+        "query": "label_values(inference_uptime_seconds, instance)",
         "definition": "label_values(inference_uptime_seconds, instance)",
         "includeAll": True,
         "multi": True,
