@@ -9,6 +9,7 @@ Scenarios (each starts its own server subprocesses and stops them):
   E priority          interactive TTFT and batch throughput under mixed load, priority vs fcfs
   F structured_output GenerateJSON vs unconstrained generation of the same length
   G tracing           tracing overhead (bench/bench_tracing.py, when present)
+  H fairness          two tenants 16:2 streams, fair share on vs off; TLS and auth cost
 
 Results: ``bench/results/<name>.json`` per scenario, ``bench/results/summary.md`` and its
 charts in ``bench/results/plots/`` (``bench/plots.py``);
@@ -95,6 +96,12 @@ def _structured(cfg: BenchConfig) -> dict[str, Any]:
     return out
 
 
+def _fairness(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_fairness
+
+    return s_fairness.run(cfg)
+
+
 def _tracing(cfg: BenchConfig) -> dict[str, Any]:
     try:
         mod = importlib.import_module("bench.bench_tracing")
@@ -132,6 +139,7 @@ SCENARIOS = [
     ),
     Scenario("F", "structured_output", "Structured output overhead", _structured, 90),
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
+    Scenario("H", "fairness", "Fair share between tenants; cost of TLS and token auth", _fairness, 480),
 ]
 
 

@@ -241,3 +241,29 @@ def test_tenants_file_reload(secure: RunningServer, setup: Setup) -> None:
     finally:
         setup.tenants.write_text(json.dumps(tenants_doc()))
         secure.server.tenancy.reload()
+
+
+def test_python_client_and_cli_with_tls_and_token(
+    secure: RunningServer, setup: Setup, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inference_client import InferenceClient, InferenceError, secure_credentials
+    from inference_client.cli import main
+
+    files = setup.folder
+    client_cert, client_key = setup.anonymous_client.write(files, "client")
+    creds = secure_credentials(setup.ca_file, client_cert, client_key)
+    target = f"localhost:{secure.port}"
+    with InferenceClient(target, credentials=creds, token=TOKENS["alpha"]) as client:
+        text = "".join(getattr(e, "text", "") for e in client.generate("Hello", max_tokens=4, temperature=0))
+        assert text
+        with pytest.raises(InferenceError) as info:
+            client.metrics()
+        assert info.value.status == "PERMISSION_DENIED"
+    tls = ["--target", target, "--tls-ca", str(setup.ca_file), "--tls-cert", str(client_cert)]
+    tls += ["--tls-key", str(client_key), "--retries", "1"]
+    monkeypatch.setenv("INFERENCE_TOKEN", TOKENS["ops"])
+    assert main([*tls, "metrics", "--json"]) == 0
+    assert '"tenant": "alpha"' in capsys.readouterr().out
+    assert main([*tls, "--token", "not-a-token", "generate", "Hi", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "UNAUTHENTICATED" in err and "not-a-token" not in err

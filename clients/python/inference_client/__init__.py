@@ -19,6 +19,7 @@ from .events import Delta, Done, ErrorEvent, Event, Result, StreamEvent, Timing,
 from .generation import Generation
 from .metrics import format_metrics, metrics_to_dict
 from .retry import NO_RETRY, RetryPolicy
+from .security import secure_credentials, token_metadata
 from .service_config import channel_options, retry_service_config
 from .spec import GenerateOptions, RequestSpec, SamplingOptions
 from .stream import GenerateStream
@@ -49,4 +50,6 @@ __all__ = [
     "format_metrics",
     "metrics_to_dict",
     "retry_service_config",
+    "secure_credentials",
+    "token_metadata",
 ]

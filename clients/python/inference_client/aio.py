@@ -26,6 +26,7 @@ from .aio_stream import AsyncGenerateStream, AsyncGeneration
 from .client import DEFAULT_TARGET
 from .metrics import metrics_to_dict
 from .retry import RetryPolicy, acall_with_retry
+from .security import make_aio_channel, with_token
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
 from .stream import StreamRegistry
 
@@ -42,12 +43,14 @@ class AsyncInferenceClient:
         retry: RetryPolicy | None = None,
         metadata: Sequence[tuple[str, str]] | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
     ) -> None:
         self._owns_channel = channel is None
-        self.channel = channel or grpc.aio.insecure_channel(target or DEFAULT_TARGET, options=list(options))
+        self.channel = channel or make_aio_channel(target or DEFAULT_TARGET, credentials, options)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self.metadata = tuple(metadata) if metadata else None
+        self.metadata = with_token(metadata, token)
         self._stub = pb_grpc.InferenceServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._registry = StreamRegistry()

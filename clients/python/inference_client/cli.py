@@ -8,7 +8,9 @@ Commands::
     inference-client health [--service NAME]
 
 Global options: ``--target`` (default ``$INFERENCE_TARGET`` or localhost:50051),
-``--timeout`` seconds, ``--retries`` attempts. A PROMPT of ``-`` is read from stdin.
+``--timeout`` seconds, ``--retries`` attempts; TLS with ``--tls-ca`` (and
+``--tls-cert``/``--tls-key`` for mTLS), a bearer token with ``--token`` (default
+``$INFERENCE_TOKEN``; see docs/security.md). A PROMPT of ``-`` is read from stdin.
 
 Exit status: 0 on success; 1 when ``health`` finds the server not SERVING;
 2 on any error, reported on stderr as ``error: <STATUS_NAME>: <message>``;
@@ -29,6 +31,7 @@ from .errors import InferenceError
 from .events import Delta, Done
 from .metrics import format_metrics, metrics_to_dict
 from .retry import RetryPolicy
+from .security import TOKEN_ENV, secure_credentials
 from .spec import MessageLike
 
 EXIT_NOT_SERVING = 1
@@ -61,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout", type=float, help="deadline of the call in seconds (default: none)")
     parser.add_argument("--retries", type=int, default=4, help="attempts on UNAVAILABLE/RESOURCE_EXHAUSTED")
+    parser.add_argument("--tls-ca", metavar="FILE", help="use TLS, trusting this CA bundle (PEM)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="client certificate for mTLS (PEM; implies TLS)")
+    parser.add_argument("--tls-key", metavar="FILE", help="key of --tls-cert (PEM)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token (default: ${TOKEN_ENV}); never printed",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="stream a generation to stdout")
@@ -176,7 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     retry = RetryPolicy(max_attempts=max(1, args.retries))
     try:
-        with InferenceClient(args.target, timeout=args.timeout, retry=retry) as client:
+        creds = None
+        if args.tls_ca or args.tls_cert or args.tls_key:
+            creds = secure_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+        with InferenceClient(
+            args.target, timeout=args.timeout, retry=retry, credentials=creds, token=args.token
+        ) as client:
             return _COMMANDS[args.command](client, args)
     except InferenceError as exc:
         print(f"error: {exc.status}: {exc.message}", file=sys.stderr)

@@ -27,6 +27,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from .generation import Generation
 from .metrics import metrics_to_dict
 from .retry import RetryPolicy, call_with_retry
+from .security import make_channel, with_token
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
 from .stream import GenerateStream, StreamRegistry
 
@@ -43,6 +44,8 @@ class InferenceClient:
             for streams it bounds the whole stream, retries included.
         retry: client-side retry policy (default ``RetryPolicy()``; ``NO_RETRY`` disables).
         metadata: extra request metadata sent with every call.
+        credentials: TLS channel credentials (``security.secure_credentials``); None = plaintext.
+        token: bearer token sent as ``authorization`` metadata with every call (docs/security.md).
         options: channel options, e.g. ``channel_options(retry_service_config())``.
     """
 
@@ -55,12 +58,14 @@ class InferenceClient:
         retry: RetryPolicy | None = None,
         metadata: Sequence[tuple[str, str]] | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
     ) -> None:
         self._owns_channel = channel is None
-        self.channel = channel or grpc.insecure_channel(target or DEFAULT_TARGET, options=list(options))
+        self.channel = channel or make_channel(target or DEFAULT_TARGET, credentials, options)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        self.metadata = tuple(metadata) if metadata else None
+        self.metadata = with_token(metadata, token)
         self._stub = pb_grpc.InferenceServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._registry = StreamRegistry()

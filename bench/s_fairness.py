@@ -1,0 +1,305 @@
+"""Scenario H — fair share between tenants, and the cost of TLS and token authentication.
+
+Fairness: two tenants in the batch tier, equal weights; tenant A runs 16
+closed-loop streams, tenant B 2 (128 greedy tokens each, ignore_eos). The
+server runs ``--max-running 4`` so that work queues and the scheduler's order
+decides who is served (with room for all 18 there is nothing to share). Runs
+with fair share on (the virtual token counter) and off (FCFS within the tier).
+Both tenants have requests outstanding the whole window (closed loop), so the
+window is one backlogged period: reported are each tenant's token share, Jain's
+index over 5-second bins and over the window, B's client-side TTFT, and the
+total throughput.
+
+Cost: scenario A's shape at 16 streams (unique 30-60 token prompts, 64 tokens,
+interactive) against a plaintext server without authentication, the same with
+``--auth-tokens`` (token in metadata), and with TLS and the token; the three
+alternate, ``COST_REPEATS`` times each, and the medians are compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.common import BenchConfig, latency_summary, ratio, say
+from bench.grpc_load import BATCH, INTERACTIVE, Stream
+from bench.procs import GrpcServer
+from bench.prompts import PromptMaker
+
+TOKENS = {"tenant-a": "bench-token-a", "tenant-b": "bench-token-b"}
+BIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class Load:
+    a_streams: int
+    b_streams: int
+    fair_tokens: int
+    ramp_s: float
+    window_s: float
+    cost_streams: int
+    cost_tokens: int
+    cost_window_s: float
+    cost_repeats: int
+
+
+FULL = Load(16, 2, 128, 10.0, 60.0, 16, 64, 20.0, 3)
+QUICK = Load(16, 2, 16, 2.0, 6.0, 16, 16, 4.0, 1)
+MAX_RUNNING = 4
+
+
+def tenants_file(folder: Path) -> Path:
+    doc = {
+        "tenants": {n: {"token_sha256": [hashlib.sha256(t.encode()).hexdigest()]} for n, t in TOKENS.items()}
+    }
+    path = folder / "tenants.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+class _Token:
+    """Adds ``authorization: Bearer <token>`` to every call (plaintext channels)."""
+
+    def __init__(self, token: str) -> None:
+        self.entry = ("authorization", f"Bearer {token}")
+
+    def details(self, details: Any) -> Any:
+        return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), self.entry))
+
+
+class _UnaryToken(_Token, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self.details(details), request)
+
+
+# NOTE: one class per call kind: grpc.aio files each interceptor under its first matching kind only.
+class _StreamToken(_Token, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return await continuation(self.details(details), request_iterator)
+
+
+class Endpoint:
+    """How to reach one server: plaintext or TLS (trusting ``ca``), with or without a token."""
+
+    def __init__(self, target: str, ca: bytes | None = None) -> None:
+        self.target, self.ca = target, ca
+
+    def channel(self, token: str | None = None) -> grpc.aio.Channel:
+        opts = [("grpc.max_receive_message_length", 64 << 20)]
+        if self.ca is None:
+            interceptors = [_UnaryToken(token), _StreamToken(token)] if token else None
+            return grpc.aio.insecure_channel(self.target, options=opts, interceptors=interceptors)
+        creds = grpc.ssl_channel_credentials(self.ca)
+        if token:  # what a real client does: call credentials on a TLS channel
+            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+        return grpc.aio.secure_channel(self.target.replace("127.0.0.1", "localhost"), creds, options=opts)
+
+
+class TlsGrpcServer(GrpcServer):
+    """``GrpcServer`` whose readiness check speaks TLS."""
+
+    def __init__(
+        self, label: str, model: str | Path, ca: bytes, *flags: str, threads: int | None = None
+    ) -> None:
+        super().__init__(label, model, *flags, threads=threads)
+        self.ca = ca
+
+    def ready(self) -> bool:
+        creds = grpc.ssl_channel_credentials(self.ca)
+        with grpc.secure_channel(f"localhost:{self.port}", creds) as ch:
+            try:
+                resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            except grpc.RpcError:
+                return False
+            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+class Bins:
+    """Tokens per tenant per ``BIN_S`` bin of [start, end] (perf_counter times)."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+        self.n = max(1, int((end - start) // BIN_S))
+        self.tokens: dict[str, list[int]] = {}
+
+    def sink(self, tenant: str) -> Callable[[int, float], None]:
+        row = self.tokens.setdefault(tenant, [0] * self.n)
+
+        def add(n: int, at: float) -> None:
+            k = int((at - self.start) // BIN_S)
+            if self.start <= at < self.end and k < self.n:
+                row[k] += n
+
+        return add
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def jain(xs: list[float]) -> float | None:
+    """Jain's fairness index (1 = equal shares; 1/n = one takes everything)."""
+    total, squares = sum(xs), sum(x * x for x in xs)
+    return total * total / (len(xs) * squares) if squares else None
+
+
+@dataclass(frozen=True)
+class Client:
+    """One tenant's closed-loop streams: its token, prompts (one per stream), output length and tier."""
+
+    tenant: str
+    token: str | None
+    prompts: list[str]
+    tokens: int
+    priority: int
+
+
+async def _tenant(ep: Endpoint, c: Client, until: float, bins: Bins, ttft: list[float]) -> None:
+    prompts, tokens, priority = c.prompts, c.tokens, c.priority
+    errors: list[str] = []
+    async with ep.channel(c.token) as ch:
+        stream = Stream(ch, on_tokens=bins.sink(c.tenant))
+
+        async def client(i: int) -> None:
+            while time.perf_counter() < until:
+                try:
+                    res = await stream.request(prompts[i % len(prompts)], tokens, priority)
+                except (grpc.RpcError, asyncio.InvalidStateError):  # the stream ended
+                    return
+                if not res.ok and time.perf_counter() < until:
+                    errors.append(res.error)
+                if res.ok and res.ttft_ms is not None and bins.start <= res.start < bins.end:
+                    ttft.append(res.ttft_ms)
+                i += len(prompts)
+
+        tasks = [asyncio.create_task(client(i)) for i in range(len(prompts))]
+        await asyncio.sleep(max(0.0, until - time.perf_counter()))
+        for t in tasks:
+            t.cancel()
+        stream.abort()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+    if errors:
+        say(f"    {c.tenant}: {len(errors)} failed requests, e.g. {errors[0]}")
+
+
+async def _fair_run(ep: Endpoint, load: Load, maker: PromptMaker) -> dict[str, Any]:
+    start = time.perf_counter() + load.ramp_s
+    bins = Bins(start, start + load.window_s)
+    ttft: dict[str, list[float]] = {"tenant-a": [], "tenant-b": []}
+    streams = {"tenant-a": load.a_streams, "tenant-b": load.b_streams}
+    clients = [
+        Client(t, TOKENS[t], maker.unique(n, 30, 60), load.fair_tokens, BATCH) for t, n in streams.items()
+    ]
+    await asyncio.gather(*(_tenant(ep, c, bins.end, bins, ttft[c.tenant]) for c in clients))
+    a, b = bins.tokens["tenant-a"], bins.tokens["tenant-b"]
+    total = sum(a) + sum(b)
+    per_bin = [jain([x, y]) for x, y in zip(a, b, strict=True)]
+    return {
+        "tokens": {"tenant-a": sum(a), "tenant-b": sum(b)},
+        "b_share": sum(b) / total if total else None,
+        "jain_window": jain([sum(a), sum(b)]),
+        "jain_bins_mean": statistics.mean([j for j in per_bin if j is not None]) if per_bin else None,
+        "jain_bins_min": min([j for j in per_bin if j is not None], default=None),
+        "bins": {"tenant-a": a, "tenant-b": b},
+        "total_tok_s": total / load.window_s,
+        "b_ttft": latency_summary(ttft["tenant-b"]),
+        "a_ttft": latency_summary(ttft["tenant-a"]),
+    }
+
+
+def _fairness(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    base = [
+        "--auth-tokens",
+        str(tenants_file(folder)),
+        "--max-running",
+        str(MAX_RUNNING),
+        "--scheduling",
+        "priority",
+    ]
+    for label, extra in (("on", []), ("off", ["--no-fair-share"])):
+        with GrpcServer(f"H-fair-{label}", cfg.model, *base, *extra, threads=cfg.threads) as srv:
+            row = asyncio.run(_fair_run(Endpoint(srv.target), load, maker))
+        out[label] = row
+        say(
+            f"  fair share {label}: B share {_f(row['b_share'], '.1%')}, Jain {_f(row['jain_window'], '.3f')} "
+            f"(bins mean {_f(row['jain_bins_mean'], '.3f')}), total {row['total_tok_s']:.1f} tok/s, "
+            f"B TTFT p50 {_f(row['b_ttft']['p50_ms'], '.0f')} ms p99 {_f(row['b_ttft']['p99_ms'], '.0f')} ms"
+        )
+    return out
+
+
+async def _cost_run(ep: Endpoint, token: str | None, load: Load, prompts: list[str]) -> float:
+    start = time.perf_counter() + 3.0
+    bins = Bins(start, start + load.cost_window_s)
+    client = Client("tenant-a", token, prompts, load.cost_tokens, INTERACTIVE)
+    await _tenant(ep, client, bins.end, bins, [])
+    return sum(bins.tokens["tenant-a"]) / load.cost_window_s
+
+
+def _cost(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dict[str, Any]:
+    from tests.certs import CA
+
+    ca = CA("bench CA")
+    cert, key = ca.issue("localhost", server=True).write(folder, "server")
+    tenants = str(tenants_file(folder))
+    configs: dict[str, tuple[list[str], bool, bool]] = {
+        "plaintext": ([], False, False),
+        "auth": (["--auth-tokens", tenants], False, True),
+        "tls_auth": (["--auth-tokens", tenants, "--tls-cert", str(cert), "--tls-key", str(key)], True, True),
+    }
+    runs: dict[str, list[float]] = {k: [] for k in configs}
+    for rep in range(load.cost_repeats):
+        for name, (flags, tls, auth) in configs.items():
+            prompts = maker.unique(load.cost_streams, 30, 60)
+            label = f"H-cost-{name}-{rep}"
+            server = TlsGrpcServer(label, cfg.model, ca.pem, *flags, threads=cfg.threads) if tls else None
+            with server or GrpcServer(label, cfg.model, *flags, threads=cfg.threads) as srv:
+                ep = Endpoint(srv.target, ca.pem if tls else None)
+                tok_s = asyncio.run(_cost_run(ep, TOKENS["tenant-a"] if auth else None, load, prompts))
+            runs[name].append(tok_s)
+            say(f"  cost {name} #{rep}: {tok_s:.1f} tok/s")
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {
+        "runs_tok_s": runs,
+        "median_tok_s": med,
+        "auth_vs_plaintext": ratio(med["auth"], med["plaintext"]),
+        "tls_auth_vs_plaintext": ratio(med["tls_auth"], med["plaintext"]),
+    }
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    load = QUICK if cfg.quick else FULL
+    maker = PromptMaker(cfg.model, seed=4242)
+    out: dict[str, Any] = {"load": load.__dict__, "max_running": MAX_RUNNING, "bin_s": BIN_S}
+    with tempfile.TemporaryDirectory() as tmp:
+        out["fairness"] = _fairness(cfg, load, Path(tmp), maker)
+        out["cost"] = _cost(cfg, load, Path(tmp), maker)
+    on, off = out["fairness"]["on"], out["fairness"]["off"]
+    out["checks"] = {
+        "b_share_on": on["b_share"],
+        "b_share_target": 0.45,
+        "b_share_ok": (on["b_share"] or 0) >= 0.45,
+        "jain_on": on["jain_window"],
+        "jain_ok": (on["jain_window"] or 0) >= 0.95,
+        "total_on_vs_off": ratio(on["total_tok_s"], off["total_tok_s"]),
+        "total_ok": abs((ratio(on["total_tok_s"], off["total_tok_s"]) or 0) - 1) <= 0.05,
+        "tls_auth_cost": 1 - (out["cost"]["tls_auth_vs_plaintext"] or 0),
+        "auth_cost": 1 - (out["cost"]["auth_vs_plaintext"] or 0),
+        "cost_target": 0.02,
+    }
+    return out
