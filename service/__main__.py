@@ -103,7 +103,29 @@ async def serve(config: ServerConfig) -> int:
         log.error("%s", exc)
         await server.stop()
         return 2
-    await stop.wait()
+    return await run_until_stopped(server, stop, config)
+
+
+ENGINE_FAILED_EXIT = 3
+
+
+async def run_until_stopped(server: InferenceServer, stop: asyncio.Event, config: ServerConfig) -> int:
+    """Serve until ``stop`` (drain, exit 0) or an engine failure (exit ``ENGINE_FAILED_EXIT``).
+
+    With ``--no-exit-on-engine-failure`` a failed server stays up, NOT_SERVING,
+    until ``stop``, for debugging; it still exits with the failure code.
+    """
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(server.failed.wait())}
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if server.failed.is_set():
+        if not config.exit_on_engine_failure:
+            log.warning("engine failed; staying up NOT_SERVING until SIGTERM (--no-exit-on-engine-failure)")
+            await stop.wait()
+        log.error("exiting with code %d: the engine failed", ENGINE_FAILED_EXIT)
+        await server.stop()
+        return ENGINE_FAILED_EXIT
     log.info("shutting down: draining for up to %.1f s", config.grace_seconds)
     await server.drain(config.grace_seconds)
     await server.stop()

@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from service.cpu_quota import default_threads
+
 DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENV_PREFIX = "INFERENCE_"
 
@@ -20,7 +22,7 @@ class ServerConfig:
     model: str = DEFAULT_MODEL
     host: str = "0.0.0.0"
     port: int = 50051
-    threads: int = os.cpu_count() or 2
+    threads: int = default_threads()
     ctx: int = 8192
     max_running: int = 32
     kv_lanes: int = 64
@@ -40,6 +42,15 @@ class ServerConfig:
     log_level: str = "INFO"
     trace_console: bool = False
     prometheus_port: int = 0
+    step_timeout_s: float = 60.0
+    exit_on_engine_failure: bool = True
+    stream_backlog: int = 256
+    stream_stall_timeout_s: float = 60.0
+    max_connection_age_s: float = 0.0
+    max_connection_age_grace_s: float = 0.0
+    keepalive_time_s: float = 60.0
+    keepalive_timeout_s: float = 20.0
+    keepalive_min_client_interval_s: float = 10.0
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
@@ -54,7 +65,7 @@ HELP = {
     "model": "GGUF model file",
     "host": "address to listen on",
     "port": "port to listen on (0 picks a free one)",
-    "threads": "llama.cpp compute threads",
+    "threads": "llama.cpp compute threads (default: the cgroup CPU quota rounded down, else the cores)",
     "ctx": "KV pool size in tokens (shared by all sequences)",
     "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
     "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256; "
@@ -76,6 +87,20 @@ HELP = {
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "trace_console": "also print OpenTelemetry spans to the console",
     "prometheus_port": "serve OpenTelemetry metrics for Prometheus on this port (0 = off)",
+    "step_timeout_s": "watchdog: an engine step running longer than this fails the engine (0 = no watchdog)",
+    "exit_on_engine_failure": "exit with code 3 when the engine fails (dead thread, stalled step) so an "
+    "orchestrator restarts the process; --no-exit-on-engine-failure keeps it up (NOT_SERVING) for debugging",
+    "stream_backlog": "unsent messages after which a Generate stream's requests pause until the client "
+    "reads (they resume below a quarter of it)",
+    "stream_stall_timeout_s": "a Generate stream paused this long for an unread backlog has its requests cancelled",
+    "max_connection_age_s": "close each client connection (GOAWAY) after this long so clients re-resolve "
+    "and new replicas get traffic (0 = never)",
+    "max_connection_age_grace_s": "after that GOAWAY, time left to open calls before the connection is "
+    "closed (0 = unlimited)",
+    "keepalive_time_s": "ping an idle client connection after this long (0 = never)",
+    "keepalive_timeout_s": "close a connection whose keepalive ping is not answered within this",
+    "keepalive_min_client_interval_s": "shortest interval between client keepalive pings accepted "
+    "(more frequent ones get GOAWAY too_many_pings)",
     "tls_cert": "PEM server certificate (chain): serve TLS instead of plaintext; re-read when it changes",
     "tls_key": "PEM private key of --tls-cert",
     "tls_client_ca": "PEM CA bundle: require client certificates signed by it (mTLS)",
@@ -157,6 +182,12 @@ def validate(c: ServerConfig) -> str | None:
         return "--prefix-cache-tokens must be >= 0"
     if c.threads < 1:
         return "--threads must be >= 1"
+    if c.step_timeout_s < 0 or c.stream_stall_timeout_s <= 0 or c.stream_backlog < 4:
+        return "--step-timeout-s must be >= 0, --stream-stall-timeout-s > 0 and --stream-backlog >= 4"
+    if min(c.max_connection_age_s, c.max_connection_age_grace_s, c.keepalive_time_s) < 0:
+        return "--max-connection-age-s, --max-connection-age-grace-s and --keepalive-time-s must be >= 0"
+    if c.keepalive_timeout_s <= 0 or c.keepalive_min_client_interval_s < 0:
+        return "--keepalive-timeout-s must be > 0 and --keepalive-min-client-interval-s >= 0"
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
         return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
     return None

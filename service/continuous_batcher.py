@@ -32,6 +32,7 @@ from service.sampling import sample_rows
 from service.scheduler import Plan, Scheduler
 from service.sequence import FinishReason, Priority, Sequence
 from service.telemetry import Telemetry
+from service.watchdog import Watchdog
 
 log = logging.getLogger("service.engine")
 
@@ -40,12 +41,34 @@ class Draining(Exception):
     """The server is shutting down and accepts no new requests."""
 
 
+class EngineFailed(Draining):
+    """The engine thread died or stalled; nothing more is accepted (UNAVAILABLE to clients)."""
+
+
+class DeadlineUnmeetable(QueueFull):
+    """The queue ahead is longer than the request's deadline allows (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, priority: Priority, wait_ms: int, left_ms: int) -> None:
+        Exception.__init__(
+            self,
+            f"deadline cannot be met: about {wait_ms} ms of queued work ahead, {left_ms} ms left; "
+            f"retry after {wait_ms} ms or with a longer deadline",
+        )
+        self.priority = priority
+        self.retry_after_ms = wait_ms
+
+
+# How long a computed retry hint is reused (a flood of rejections must stay cheap).
+RETRY_HINT_TTL_S = 0.1
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_running: int = 16
     token_budget: int = 128
     batch_prefill_budget: int = 64
     queue_limits: tuple[int, int] = (256, 1024)  # interactive, batch
+    step_timeout_s: float = 60.0  # a step longer than this fails the engine (0 = no watchdog)
 
 
 class Engine:
@@ -84,7 +107,15 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.draining = False
+        self.failure: str | None = None  # why the engine failed; then nothing is accepted
+        self.on_failure: Callable[[str], None] | None = None  # called on the event loop, once
+        self.step_started: float | None = None  # monotonic start of the step in progress
+        self._life = threading.Lock()  # orders submit() against fail()
+        self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
+        self._hints: dict[Priority, tuple[float, float]] = {}  # tier -> (computed at, e2e p50 ms)
+        self._watchdog: Watchdog | None = None
         self._cancel_message = "cancelled"
+        self._current: Plan | None = None  # the plan of the step in progress
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
         self.logits_hook: Callable[[list[Sequence], np.ndarray], None] | None = None  # tests: sees logits
 
@@ -110,12 +141,22 @@ class Engine:
         if failure:
             self._thread.join()
             raise failure[0]
+        if self.config.step_timeout_s > 0:
+            self._watchdog = Watchdog(self, self._thread, self.config.step_timeout_s)
+            self._watchdog.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop the engine thread; True once it has exited (only then may the runner be closed)."""
         self._stopping = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self._inbox.put(("wake", None))  # type: ignore[arg-type]
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout)
+            if self._thread.is_alive():
+                log.error("engine thread still busy %.0f s after stop; its context is left allocated", timeout)
+                return False
+        return True
 
     def _warm_up(self) -> None:
         """One real decode before SERVING (loads weights into cache, proves the model works)."""
@@ -126,20 +167,29 @@ class Engine:
 
     # -- API for RPC handlers (any thread) ----------------------------------------------
     def submit(self, seq: Sequence) -> None:
-        """Queue ``seq``; raises QueueFull or Draining instead of dropping anything."""
-        if self.draining:
-            raise Draining("server is shutting down")
-        try:
-            self.admission.enter(seq, self._retry_hint_ms)
-        except QueueFull:
-            self.metrics.on_reject(seq.priority)
-            raise
-        self.metrics.on_accept(seq)
-        self._inbox.put(("add", seq))
+        """Queue ``seq``; raises QueueFull (incl. DeadlineUnmeetable) or Draining instead of dropping it."""
+        with self._life:
+            if self.failure is not None:
+                raise EngineFailed(f"engine failed: {self.failure}")
+            if self.draining:
+                raise Draining("server is shutting down")
+            try:
+                self._check_deadline(seq)
+                self.admission.enter(seq, self._retry_hint_ms)
+            except QueueFull:
+                self.metrics.on_reject(seq.priority)
+                raise
+            self.metrics.on_accept(seq)
+            self._live[seq.uid] = seq
+            self._inbox.put(("add", seq))
 
-    def abort(self, seq: Sequence) -> None:
-        """Cancel ``seq``; it ends within one step with a CANCELLED done event."""
-        self._inbox.put(("abort", seq))
+    def abort(self, seq: Sequence, error: Error | None = None) -> None:
+        """Cancel ``seq``; it ends within one step with a CANCELLED done event (or ``error``)."""
+        self._inbox.put(("abort", (seq, error)))  # type: ignore[arg-type]
+
+    def pause(self, seq: Sequence, paused: bool) -> None:
+        """Stop (or resume) scheduling ``seq``, e.g. while its client does not read; KV may be preempted."""
+        self._inbox.put(("pause" if paused else "resume", seq))
 
     def cancel_all(self, message: str) -> None:
         """Cancel every queued and running request (end of a drain)."""
@@ -147,10 +197,32 @@ class Engine:
         self._inbox.put(("cancel_all", None))  # type: ignore[arg-type]
 
     def _retry_hint_ms(self, priority: Priority, depth: int) -> int:
-        """Rough time for the queue ahead to drain: backlog x typical request latency."""
-        e2e = self.metrics.snapshot()["tiers"][priority]["e2e"]["p50_ms"] or 1000.0
+        """Rough time for the queue ahead to drain: backlog x typical request latency.
+
+        NOTE: the typical latency comes from a metrics snapshot, which is costly;
+        it is refreshed at most every ``RETRY_HINT_TTL_S`` so a flood of rejected
+        requests costs little each.
+        """
+        now = time.monotonic()
+        at, e2e = self._hints.get(priority, (-1.0, 0.0))
+        if now - at > RETRY_HINT_TTL_S:
+            e2e = self.metrics.snapshot()["tiers"][priority]["e2e"]["p50_ms"] or 1000.0
+            self._hints[priority] = (now, e2e)
         backlog = depth / max(self.config.max_running, 1)
         return int(min(60_000, max(100.0, e2e * max(backlog, 0.1))))
+
+    def _check_deadline(self, seq: Sequence) -> None:
+        """Shed a request that would wait out its deadline: a full round of queued work is ahead
+        and the estimated wait exceeds the time left."""
+        if seq.deadline is None:
+            return
+        depth = self.admission.depth(seq.priority)
+        if depth < self.config.max_running:
+            return
+        wait = self._retry_hint_ms(seq.priority, depth)
+        left = int((seq.deadline - time.monotonic()) * 1e3)
+        if wait > left:
+            raise DeadlineUnmeetable(seq.priority, wait, max(left, 0))
 
     # -- engine thread ---------------------------------------------------------------------
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -161,16 +233,27 @@ class Engine:
             return
         finally:
             ready.set()
-        while not self._stopping:
-            self._drain_inbox(block=not self.scheduler.has_work())
-            if self._stopping:
-                break
-            if self.scheduler.has_work():
-                try:
-                    self.step()
-                except Exception as exc:  # pragma: no cover - defensive: never kill the engine
-                    log.exception("engine step failed")
-                    self._fail_running(f"engine step failed: {exc}")
+        try:
+            while not self._stopping and self.failure is None:
+                self._drain_inbox(block=not self.scheduler.has_runnable())
+                if self._stopping or self.failure is not None:
+                    break
+                if self.scheduler.has_runnable():
+                    self._guarded_step()
+        except BaseException as exc:  # the loop itself broke: end everything, loudly
+            log.exception("engine thread died")
+            self.fail(f"engine thread died: {type(exc).__name__}: {exc}")
+
+    def _guarded_step(self) -> None:
+        """One step; a failure ends the step's sequences (and running ones) but not the engine."""
+        self.step_started = time.monotonic()
+        try:
+            self.step()
+        except Exception as exc:
+            log.exception("engine step failed")
+            self._fail_step(f"engine step failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.step_started = None
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -178,18 +261,29 @@ class Engine:
         except queue.Empty:
             return
         while True:
-            kind, seq = item
+            kind, arg = item
             if kind == "add":
-                self.scheduler.add(seq)
-            elif kind == "abort" and self.scheduler.abort(seq):
-                self._left_queue(seq)
-                self._dispatch([(seq, self._done(seq))])
+                self.scheduler.add(arg)
+            elif kind == "abort":
+                self._abort(*arg)  # type: ignore[misc]
+            elif kind in ("pause", "resume"):
+                arg.paused = kind == "pause"
             elif kind == "cancel_all":
                 self._cancel_everything()
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _abort(self, seq: Sequence, error: Error | None) -> None:
+        if not self.scheduler.abort(seq):
+            return
+        self._left_queue(seq)
+        if error is None:
+            self._dispatch([(seq, self._done(seq))])
+        else:
+            self.metrics.on_finish(seq)
+            self._dispatch([(seq, error)])
 
     def _cancel_everything(self) -> None:
         """End every queued and running request with UNAVAILABLE (end of a drain); one handoff."""
@@ -212,12 +306,17 @@ class Engine:
             self._left_queue(seq)
             self.metrics.on_finish(seq)
             events.append((seq, Error("DEADLINE_EXCEEDED", "deadline expired while the request was queued")))
+        for seq in plan.failed:
+            self._left_queue(seq)
+            self.metrics.on_finish(seq)
+            events.append((seq, Error(seq.error_status, seq.error or "request cannot run")))
         if not plan.items:
             self.runner.apply_kv_ops(plan.kv_ops)
             self._dispatch(events)
-            if not plan.expired:
+            if not plan.expired and not plan.failed:
                 time.sleep(0.001)
             return
+        self._current = plan
         self._note_plan(plan)
         self.runner.apply_kv_ops(plan.kv_ops)
         logits, sampling = self._forward(plan)
@@ -260,9 +359,12 @@ class Engine:
         if constrained and self.mask_batch is not None:
             us = self.mask_batch.fill_and_apply([seqs[i].matcher for i in constrained], logits, constrained)
             self.metrics.on_mask(us, len(constrained), 0)
+            for i in constrained:
+                if seqs[i].keys is not None:
+                    seqs[i].keys.apply(logits[i])
         if self.logits_hook is not None:
             self.logits_hook(seqs, logits)
-        tokens = sample_rows(logits, [s.params for s in seqs], [s.rng for s in seqs])  # type: ignore[misc]
+        tokens = sample_rows_guarded(logits, seqs)
         if self.telemetry.enabled:
             for s in seqs:
                 if s.first_token_time is None:
@@ -271,7 +373,21 @@ class Engine:
 
     # -- per-token bookkeeping (called by Scheduler.update) -------------------------------
     def _append_token(self, seq: Sequence, token: int) -> FinishReason | None:
-        """Append a sampled token (and any tokens the grammar then forces); say why it finished."""
+        """Append a sampled token (and any tokens the grammar then forces); say why it finished.
+
+        A failure here (grammar, detokenizer, a row that could not be sampled)
+        ends this sequence only, with an error event.
+        """
+        if token < 0:  # sampling this row failed (see sample_rows_guarded); seq.error says why
+            return FinishReason.ERROR
+        try:
+            return self._append_tokens(seq, token)
+        except Exception as exc:
+            log.exception("processing a sampled token failed")
+            seq.error, seq.error_status = f"processing token {token} failed: {type(exc).__name__}: {exc}", "INTERNAL"
+            return FinishReason.ERROR
+
+    def _append_tokens(self, seq: Sequence, token: int) -> FinishReason | None:
         reason = self._append_one(seq, token)
         if reason is None and seq.matcher is not None:
             # NOTE: fast-forward: tokens the grammar forces are appended uncomputed,
@@ -297,8 +413,11 @@ class Engine:
             try:
                 seq.matcher.consume(token)
             except Exception as exc:
-                seq.error, seq.error_status = f"grammar rejected token {token}: {exc}", "INTERNAL"
+                seq.error = f"grammar rejected token {token}: {exc}"
+                seq.error_status = getattr(exc, "status", "INTERNAL")
                 return FinishReason.ERROR
+            if seq.keys is not None:
+                seq.keys.feed(self.runner.vocab.token_bytes[token])
         if seq.text is not None:
             seq.out_text += seq.text.push(token)
             if seq.text.stopped:
@@ -336,23 +455,74 @@ class Engine:
         if not events:
             return
         if self.loop is None:
-            _deliver(events)
+            self._deliver(events)
         else:
-            self.loop.call_soon_threadsafe(_deliver, events)
+            self.loop.call_soon_threadsafe(self._deliver, events)
 
-    def _fail_running(self, message: str) -> None:
+    def _deliver(self, events: list[tuple[Sequence, Any]]) -> None:
+        """Hand events to their requests; exactly one terminal event (Done or Error) per request."""
+        for seq, event in events:
+            if seq.closed:
+                continue  # already ended (e.g. failed by the watchdog while this step ran)
+            if isinstance(event, Done | Error):
+                seq.closed = True
+                with self._life:
+                    self._live.pop(seq.uid, None)
+            try:
+                seq.emit(event)
+            except Exception:  # pragma: no cover - a broken sink must not affect other requests
+                log.exception("delivering an event for %s failed", seq.request_id)
+
+    def _fail_step(self, message: str) -> None:
+        """A step raised: end its sequences (and every running one) with INTERNAL; waiting ones wait on.
+
+        Sequences that finished inside the failed step are in the plan but no
+        longer running; they get the error too, unless their final event was
+        already delivered (delivery is exactly-once per request).
+        """
+        plan, self._current = self._current, None
+        seqs = list(dict.fromkeys([*(i.seq for i in plan.items), *self.scheduler.running] if plan else self.scheduler.running))
         events = []
-        for seq in list(self.scheduler.running):
+        for seq in seqs:
             seq.error = message
             self.scheduler.fail(seq)
+            self._left_queue(seq)
             self.metrics.on_finish(seq)
             events.append((seq, Error("INTERNAL", message)))
         self._dispatch(events)
 
+    def fail(self, cause: str) -> None:
+        """The engine cannot go on (thread died, step stalled): end every request, refuse new ones.
 
-def _deliver(events: list[tuple[Sequence, Any]]) -> None:
-    for seq, event in events:
-        try:
-            seq.emit(event)
-        except Exception:  # pragma: no cover - a broken sink must not affect other requests
-            log.exception("delivering an event for %s failed", seq.request_id)
+        Thread-safe and idempotent; called by the engine thread or the watchdog.
+        Every queued, running or submitted request gets an UNAVAILABLE error
+        (clients retry on another replica); ``on_failure`` then runs on the loop.
+        """
+        with self._life:
+            if self.failure is not None:
+                return
+            self.failure = cause
+        log.error("engine failed: %s", cause)
+        if self.loop is not None and self.on_failure is not None:
+            self.loop.call_soon_threadsafe(self.on_failure, cause)  # NOT_SERVING first
+        with self._life:
+            seqs = list(self._live.values())
+        message = f"engine failed ({cause}); retry on another replica"
+        self._dispatch([(s, Error("UNAVAILABLE", message)) for s in seqs])
+
+
+def sample_rows_guarded(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+    """``sample_rows``; if a row cannot be sampled, that row gets -1 and its sequence an error."""
+    try:
+        return sample_rows(logits, [s.params for s in seqs], [s.rng for s in seqs])  # type: ignore[misc]
+    except Exception:
+        out = np.empty(len(seqs), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            try:
+                out[i] = sample_rows(logits[i : i + 1], [s.params], [s.rng])[0]  # type: ignore[list-item]
+            except Exception as exc:
+                log.exception("sampling a row failed")
+                s.error, s.error_status = f"sampling failed: {type(exc).__name__}: {exc}", "INTERNAL"
+                out[i] = -1
+        return out
+

@@ -14,9 +14,7 @@ here) belong to the engine thread.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ import llguidance as llg
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from service import grammar_schema as gs
+from service.grammar_cache import GrammarCache
 from service.grammar_mask import MaskBatch
 
 __all__ = [
@@ -42,6 +41,10 @@ MAX_RELAX_PASSES = 12
 # Compact JSON, fixed by the service (a client's "x-guidance" is removed).
 JSON_OPTIONS: dict[str, Any] = {"item_separator": ",", "key_separator": ":", "whitespace_flexible": False}
 _LIMIT_WORDS = ("too big", "limit for this grammar", "too many", "fuel", "too complex")
+# NOTE: estimated resident bytes of a compiled grammar per byte of its llguidance grammar
+# text (the matcher prototype's lexer and parser tables dominate); measured with
+# scripts/grammar_cache_size.py on the JSONSchemaBench dev schemas.
+BYTES_PER_GRAMMAR_BYTE = 40
 
 
 class GrammarError(Exception):
@@ -153,7 +156,17 @@ class GrammarMatcher:
         """
         if not self._m.is_error():
             return None
-        return GrammarError(self._status(), f"grammar matcher failed: {_short(self._m.get_error(), 200)}")
+        detail = _short(self._m.get_error(), 200)
+        if "NoExtensionBias" in detail or not detail:
+            # NOTE: llguidance found no token that continues the document from here (a
+            # lexeme the tokenizer cannot finish, found only late): a property of this
+            # schema and this particular output, not a server fault; a retry may succeed.
+            return GrammarError(
+                "FAILED_PRECONDITION",
+                "the JSON Schema allows no continuation of the document generated so far "
+                "(no token fits the grammar here); retry with another seed or simplify the schema",
+            )
+        return GrammarError(self._status(), f"grammar matcher failed: {detail}")
 
 
 class GrammarCompiler:
@@ -166,23 +179,22 @@ class GrammarCompiler:
         max_source_bytes: int = 64_000,
         compile_timeout_s: float = 5.0,
         cache_size: int = 256,
+        cache_bytes: int = 256 << 20,
         limits: llg.LLParserLimits | None = None,
         workers: int = 2,
     ) -> None:
         self._tok = ll_tokenizer
         self.max_source_bytes = max_source_bytes
         self.compile_timeout_s = compile_timeout_s
-        self.cache_size = cache_size
         self._limits = limits or default_limits()
-        self._lock = threading.Lock()
-        # NOTE: the cache holds futures, so concurrent requests for one source compile once;
-        # failures are cached too (a bad schema is rejected fast when retried).
-        self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self.cache: GrammarCache[CompiledGrammar] = GrammarCache(cache_size, cache_bytes, _size_of)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
 
-    def compile(self, kind: str, source: str) -> tuple[CompiledGrammar, bool, float]:
-        """(compiled, cache_hit, compile_ms). Thread-safe. Raises GrammarError."""
-        t0 = time.perf_counter()
+    def start(self, kind: str, source: str) -> tuple[Future[CompiledGrammar], bool]:
+        """(future of the compiled grammar, cache_hit): cheap, callable on the event loop.
+
+        Raises GrammarError at once for an unknown kind or an oversized source.
+        """
         if kind not in KINDS:
             raise GrammarError("INVALID_ARGUMENT", f"unknown constraint kind {kind!r}; use one of {KINDS}")
         data = source.encode("utf-8", "surrogatepass")
@@ -191,34 +203,21 @@ class GrammarCompiler:
                 "RESOURCE_EXHAUSTED", f"{kind} is {len(data)} bytes; the limit is {self.max_source_bytes}"
             )
         key = (kind, hashlib.sha256(data).hexdigest())
-        with self._lock:
-            fut = self._cache.get(key)
-            hit = fut is not None
-            if fut is None:
-                fut = self._cache[key] = self._pool.submit(self._build, kind, source)
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-            else:
-                self._cache.move_to_end(key)
+        return self.cache.get_or_start(key, lambda: self._pool.submit(self._build, kind, source))
+
+    def compile(self, kind: str, source: str) -> tuple[CompiledGrammar, bool, float]:
+        """(compiled, cache_hit, compile_ms), waiting up to the compile timeout. Raises GrammarError."""
+        t0 = time.perf_counter()
+        fut, hit = self.start(kind, source)
         try:
             compiled = fut.result(timeout=self.compile_timeout_s)
         except FutureTimeout:
-            exc = GrammarError("RESOURCE_EXHAUSTED", f"{kind} compile exceeded {self.compile_timeout_s:g} s")
-            self._fail(key, fut, exc)
-            raise exc from None
+            raise GrammarError(
+                "RESOURCE_EXHAUSTED", f"{kind} compile exceeded {self.compile_timeout_s:g} s"
+            ) from None
         except GrammarError as exc:
-            # NOTE: a fresh exception per caller; re-raising the cached instance from many
-            # threads would keep growing its shared traceback.
-            raise GrammarError(exc.status, str(exc)) from None
+            raise fresh(exc) from None
         return compiled, hit, (time.perf_counter() - t0) * 1000.0
-
-    def _fail(self, key: tuple[str, str], fut: Future[CompiledGrammar], exc: GrammarError) -> None:
-        """Cache ``exc`` for ``key`` (the abandoned compile finishes within the parser limits)."""
-        failed: Future[CompiledGrammar] = Future()
-        failed.set_exception(exc)
-        with self._lock:
-            if self._cache.get(key) is fut:
-                self._cache[key] = failed
 
     def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
         """A fresh matcher for one sequence (a cheap copy of the compiled prototype)."""
@@ -276,6 +275,19 @@ class GrammarCompiler:
             options["coerce_one_of"] |= label == gs.ONE_OF
             approx.append(label)
         raise GrammarError("INVALID_ARGUMENT", f"JSON Schema needs too many approximations: {approx}")
+
+
+def fresh(exc: GrammarError) -> GrammarError:
+    """A new instance for one caller.
+
+    NOTE: re-raising the cached instance from many threads would keep growing its
+    shared traceback.
+    """
+    return GrammarError(exc.status, str(exc))
+
+
+def _size_of(compiled: CompiledGrammar) -> int:
+    return len(compiled.grammar) * BYTES_PER_GRAMMAR_BYTE
 
 
 def _gbnf(source: str) -> str:

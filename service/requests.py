@@ -19,6 +19,8 @@ DEFAULT_MAX_TOKENS = 256
 DEFAULT_JSON_MAX_TOKENS = 1024
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
+# Request ids are echoed on every event and kept per stream: bounded like any identifier.
+MAX_REQUEST_ID_BYTES = 256
 
 
 class BadRequest(ValueError):

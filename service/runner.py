@@ -11,12 +11,13 @@ import ctypes
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as L
 import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from service.paged_kv import KVOp
 
@@ -124,6 +125,16 @@ class Vocab:
         from llguidance.llamacpp import lltokenizer_from_vocab
 
         return lltokenizer_from_vocab(self.ptr, eos_token=sorted(self.eog_ids) or self.eos_id)
+
+
+def chat_formatter(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict[str, Any]]], str]:
+    """llama-cpp-python's Jinja2 chat formatter for ``template`` as ``render(messages) -> prompt``.
+
+    Raises what jinja2 raises for a template that does not compile; rendering
+    raises ValueError when the template calls ``raise_exception``.
+    """
+    fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
+    return lambda messages: fmt(messages=messages).prompt  # type: ignore[arg-type]
 
 
 # NOTE: ggml's CPU flash attention switches to a tiled kernel once a batch has

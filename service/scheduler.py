@@ -52,6 +52,7 @@ class Plan:
     preempt_reasons: tuple[str, ...]  # "priority" or "kv_memory", parallel to ``preempted``
     expired: tuple[Sequence, ...]  # deadline passed while queued; never ran
     kv_ops: tuple[KVOp, ...]
+    failed: tuple[Sequence, ...] = ()  # can never fit the KV pool; ``seq.error`` says why
 
     @property
     def num_tokens(self) -> int:
@@ -109,7 +110,12 @@ class Scheduler:
         return True
 
     def has_work(self) -> bool:
+        """Any request not finished (paused ones included)."""
         return bool(self.waiting or self.running)
+
+    def has_runnable(self) -> bool:
+        """Anything a step could do: a request that is not paused."""
+        return any(not s.paused for s in self.waiting) or any(not s.paused for s in self.running)
 
     # -- planning ------------------------------------------------------------------
     def schedule(self) -> Plan:
@@ -118,9 +124,10 @@ class Scheduler:
         for seq in expired:
             self.waiting.remove(seq)
             self._finish(seq, FinishReason.CANCELLED)
+        failed = self._fail_oversized()
         step = _StepBuilder(self, now)
         tier_of = self.policy.effective_tier
-        tiered = sorted(self.running, key=lambda s: (tier_of(s, now), s.arrival))
+        tiered = sorted((s for s in self.running if not s.paused), key=lambda s: (tier_of(s, now), s.arrival))
         decoding = [s for s in tiered if _is_decoding(s)]
         prefilling = [s for s in tiered if not _is_decoding(s)]
         isolated = self._isolate(prefilling, now)
@@ -130,7 +137,7 @@ class Scheduler:
             for seq in decoding:
                 step.run(seq)
             step.cap_mixed(self.mixed_step_tokens)
-        queue = self.policy.order(self.waiting, now)
+        queue = self.policy.order([s for s in self.waiting if not s.paused], now)
         for tier in tiers:
             for seq in prefilling:
                 if tier_of(seq, now) == tier:
@@ -144,7 +151,23 @@ class Scheduler:
             tuple(step.reasons),
             expired,
             tuple(self.kv.take_ops()),
+            failed,
         )
+
+    def _fail_oversized(self) -> tuple[Sequence, ...]:
+        """End waiting sequences that could not fit the whole KV pool even alone (never admissible).
+
+        NOTE: requests are validated against the pool size before admission, so
+        this only guards against waiting forever if that check is ever bypassed.
+        """
+        cap = self.kv.capacity_tokens
+        failed = tuple(s for s in self.waiting if s.num_tokens > cap)
+        for seq in failed:
+            self.waiting.remove(seq)
+            seq.error = f"request of {seq.num_tokens} tokens does not fit the KV pool of {cap} tokens"
+            seq.error_status = "INVALID_ARGUMENT"
+            self._finish(seq, FinishReason.ERROR)
+        return failed
 
     def _isolate(self, prefilling: list[Sequence], now: float) -> bool:
         """Make this step interactive prefill only? (An interactive request awaits its first token.)
@@ -245,6 +268,14 @@ class _StepBuilder:
             self.batch_prefill[seq.uid] = n
             self.batch_prefill_left -= n
 
+    def _victim(self, candidate: Sequence) -> Sequence | None:
+        """Who gives way to ``candidate``: a paused sequence first (its client is not reading), else
+        the policy's choice."""
+        paused = [v for v in self.s.running if v.paused and v is not candidate]
+        if paused:
+            return min(paused, key=lambda v: v.num_computed)
+        return self.s.policy.pick_victim(candidate, self.s.running, self.now)
+
     def _preempt(self, victim: Sequence, reason: str) -> None:
         item = self.items.pop(victim.uid, None)
         self.batch_prefill_left += self.batch_prefill.pop(victim.uid, 0)
@@ -262,7 +293,7 @@ class _StepBuilder:
         if n <= 0:
             return
         while not self.s.kv.append_slots(seq, n):
-            victim = self.s.policy.pick_victim(seq, self.s.running, self.now)
+            victim = self._victim(seq)
             if victim is None:
                 self._preempt(seq, "kv_memory")  # nobody may give way: this one waits
                 return
@@ -276,7 +307,7 @@ class _StepBuilder:
         if self._room(seq, 1, prefill=True) <= 0:
             return False
         if len(s.running) >= s.max_running:
-            victim = s.policy.pick_victim(seq, s.running, self.now)
+            victim = self._victim(seq)
             if victim is None:
                 return False
             self._preempt(victim, "priority")
@@ -285,7 +316,7 @@ class _StepBuilder:
             n = self._room(seq, seq.num_tokens - hit.num_tokens, prefill=True)
             if s.kv.allocate(seq, hit, n):
                 break
-            victim = s.policy.pick_victim(seq, s.running, self.now)
+            victim = self._victim(seq)
             if victim is None:
                 return False
             self._preempt(victim, "kv_memory")

@@ -99,7 +99,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     preemptions: int = 0
     # Queue ordering: preempted sequences return to the front of their tier.
-    queue_key: tuple[int, float] = (1, 0.0)
+    queue_key: tuple[float, ...] = (1, 0.0)
     enqueued_at: float = 0.0  # when it last entered the waiting queue (aging is measured from here)
     promoted: bool = False  # a batch request admitted by aging keeps interactive rank while it runs
 
@@ -114,6 +114,9 @@ class Sequence:
     out_text: str = ""
     error: str | None = None
     error_status: str = "INTERNAL"
+    keys: Any = None  # json_keys.KeyGuard against duplicate object keys (json_schema output), or None
+    paused: bool = False  # not scheduled while its client does not read (engine thread writes it)
+    closed: bool = False  # its terminal event was delivered (event loop writes it)
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
@@ -146,4 +149,5 @@ class Sequence:
         self.lane = None
         self.status = SeqStatus.WAITING
         self.preemptions += 1
-        self.queue_key = (0, -float(self.preemptions) - self.arrival * 1e-9)
+        # NOTE: resumed before fresh work; the most-preempted first, then the oldest.
+        self.queue_key = (0, -float(self.preemptions), self.arrival)

@@ -20,23 +20,25 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
-from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from service.chat import ChatTemplate
+from service.chat import ChatTemplate, ChatTemplateError
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
 from service.fair_share import FairShare
+from service.generate_stream import StreamLimits
 from service.grammar_service import GrammarService
+from service.grpc_options import server_options
 from service.metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
 from service.priority import make_policy
 from service.requests import PromptLimits, RequestBuilder
-from service.runner import ModelRunner
+from service.runner import ModelLoadError, ModelRunner
 from service.sequence import Priority
 from service.servicer import InferenceServicer
 from service.telemetry import Telemetry
 from service.tenancy import Tenancy
 from service.tls import CertificateFiles, server_credentials
+from service.wire import add_servicer
 
 log = logging.getLogger("service.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -67,6 +69,7 @@ def build_engine(
         token_budget=config.step_tokens,
         batch_prefill_budget=config.batch_prefill_tokens,
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
+        step_timeout_s=config.step_timeout_s,
     )
     return Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
 
@@ -80,13 +83,15 @@ class InferenceServer:
         self.health = HealthServicer()
         self.tenancy = Tenancy.from_config(config)  # a bad tenants file fails here, before listening
         self.telemetry.tenancy = self.tenancy
-        self.servicer = InferenceServicer(self.telemetry)
+        limits = StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
+        self.servicer = InferenceServicer(self.telemetry, limits)
         self.servicer.tenancy = self.tenancy
         self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.failed = asyncio.Event()  # set when the engine fails (see Engine.fail); serve() exits then
 
     async def start(self) -> int:
         """Listen, load, warm up, then report SERVING; returns the bound port."""
@@ -95,8 +100,8 @@ class InferenceServer:
         interceptors = self.telemetry.server_interceptors() + self.tenancy.interceptors(
             mtls=bool(self.config.tls_client_ca)
         )
-        self.server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_InferenceServiceServicer_to_server(self.servicer, self.server)
+        self.server = grpc.aio.server(interceptors=interceptors, options=server_options(self.config))
+        add_servicer(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["InferenceService"])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (
@@ -135,13 +140,24 @@ class InferenceServer:
             timeout_s=self.config.grammar_timeout_s,
         )
         engine.mask_batch = grammar.mask_batch(vocab.n_vocab, self.config.max_running)
-        template = ChatTemplate(vocab.chat_template, vocab.bos_text, vocab.eos_text)
+        try:
+            template = ChatTemplate(vocab.chat_template, vocab.bos_text, vocab.eos_text)
+        except ChatTemplateError as exc:
+            engine.runner.close()
+            raise ModelLoadError(f"{self.config.model}: {exc}") from None
         if not template.from_model:
             log.warning("model has no chat template; using ChatML for messages")
         limit = min(engine.kv.capacity_tokens, engine.runner.n_ctx_train)
         builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit))
+        engine.on_failure = self._on_engine_failure
         engine.start(loop)
         return engine, builder, grammar
+
+    def _on_engine_failure(self, cause: str) -> None:
+        """The engine failed (event loop): report NOT_SERVING; ``serve`` then exits non-zero."""
+        log.error("engine failed: %s; health NOT_SERVING, every request ended UNAVAILABLE", cause)
+        self.failed.set()
+        asyncio.get_running_loop().create_task(self._set_health(NOT_SERVING))
 
     def _add_port(self) -> int:
         """Plaintext by default; TLS with --tls-cert/--tls-key (mTLS with --tls-client-ca), rotated on change."""
@@ -183,9 +199,9 @@ class InferenceServer:
             await self.drain(grace_s)
         if self.server is not None:
             await self.server.stop(1.0)
-        if self.engine is not None:
-            self.engine.stop()
-            self.engine.runner.close()
+        # NOTE: a failed engine's thread may be stuck in a step: do not wait long for it.
+        if self.engine is not None and self.engine.stop(timeout=2.0 if self.failed.is_set() else 30.0):
+            self.engine.runner.close()  # NOTE: never while the engine thread may still be in llama_decode
         if self.grammar is not None:
             self.grammar.close()
         self.telemetry.shutdown()

@@ -98,6 +98,16 @@ def server() -> Iterator[RunningServer]:
     srv.close()
 
 
+@pytest.fixture(autouse=True)
+def _kv_integrity_of_this_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A KV integrity violation on the shared server fails the test that caused it."""
+    yield
+    if "server" in request.fixturenames:
+        srv: RunningServer = request.getfixturevalue("server")
+        found, srv.violations[:] = list(srv.violations), []
+        assert not found, f"KV integrity violated during this test: {found[:3]}"
+
+
 @pytest.fixture()
 def channel(server: RunningServer) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(server.target) as ch:

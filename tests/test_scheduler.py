@@ -188,12 +188,23 @@ def test_memory_pressure_preempts_and_everyone_finishes_identically() -> None:
     assert tight == roomy
 
 
-def test_prompt_longer_than_pool_is_not_admitted_forever() -> None:
+def test_prompt_filling_most_of_the_pool_still_runs_to_completion() -> None:
     sched, shadow = make(num_blocks=4, block_size=4)
     s = mkseq("huge", 10)
     sched.add(s)
     drive(sched, shadow)
     assert s.finish_reason is FinishReason.LENGTH  # 10 + 4 tokens fit 16 slots
+
+
+def test_sequence_larger_than_the_pool_fails_instead_of_waiting_forever() -> None:
+    sched, shadow = make(num_blocks=4, block_size=4)
+    s, ok = mkseq("huge", 20), mkseq("ok", 3)  # 20 tokens can never fit 16 slots
+    sched.add(s)
+    sched.add(ok)
+    drive(sched, shadow)
+    assert s.finish_reason is FinishReason.ERROR and s.error_status == "INVALID_ARGUMENT"
+    assert s.error is not None and "does not fit" in s.error
+    assert ok.finish_reason is FinishReason.LENGTH
 
 
 def test_queue_limits() -> None:
@@ -265,3 +276,37 @@ def test_batch_prefill_is_capped_per_step_interactive_is_not() -> None:
     sched.update(plan, fake_forward(sched, shadow, plan))
     plan = sched.schedule()
     assert {x.seq.request_id: x.num_tokens for x in plan.items} == {"i": 1, "b": 8}
+
+
+def test_equally_preempted_sequences_resume_oldest_first() -> None:
+    sched, _ = make()
+    old, new = mkseq("old", 4, arrival=1.0), mkseq("new", 4, arrival=2.0)
+    for s in (new, old):
+        s.reset_for_recompute()  # one preemption each
+    fresh = mkseq("fresh", 4, arrival=0.5)
+    order = sched.policy.order([fresh, new, old], now=3.0)
+    assert [s.request_id for s in order] == ["old", "new", "fresh"]
+    new.reset_for_recompute()  # preempted twice: goes first
+    assert [s.request_id for s in sched.policy.order([old, new], now=3.0)] == ["new", "old"]
+
+
+def test_paused_sequences_are_not_scheduled_and_give_way_first() -> None:
+    sched, shadow = make(max_running=2)
+    a, b, c = mkseq("a", 4, max_tokens=50), mkseq("b", 4, max_tokens=50), mkseq("c", 4, max_tokens=3)
+    for s in (a, b):
+        sched.add(s)
+    sched.update(plan := sched.schedule(), fake_forward(sched, shadow, plan))
+    assert {s.request_id for s in sched.running} == {"a", "b"}
+    a.paused = True
+    sched.add(c)
+    plan = sched.schedule()  # c takes the paused sequence's running place
+    assert a in plan.preempted and {i.seq.request_id for i in plan.items} == {"b", "c"}
+    assert a.status is SeqStatus.WAITING and a in sched.waiting
+    sched.update(plan, fake_forward(sched, shadow, plan))
+    for _ in range(5):
+        plan = sched.schedule()
+        assert "a" not in {i.seq.request_id for i in plan.items}
+        sched.update(plan, fake_forward(sched, shadow, plan))
+    a.paused = False
+    drive(sched, shadow)
+    assert a.finish_reason is FinishReason.LENGTH and a.num_generated == 50

@@ -1,0 +1,44 @@
+"""Conversions between engine events and ``inference.v1`` protos (pure functions)."""
+
+from __future__ import annotations
+
+import grpc
+from inference.v1 import inference_pb2 as pb
+
+from service.events import Done
+from service.sequence import FinishReason
+
+FINISH = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+}
+FORMAT_KINDS = {"json_schema": "json_schema", "regex": "regex", "lark_grammar": "lark", "gbnf_grammar": "gbnf"}
+
+
+def done_proto(d: Done) -> pb.Done:
+    return pb.Done(
+        finish_reason=FINISH.get(d.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+        usage=pb.Usage(
+            prompt_tokens=d.prompt_tokens,
+            completion_tokens=d.completion_tokens,
+            cached_tokens=d.cached_tokens,
+        ),
+        timing=pb.Timing(queue_ms=d.queue_ms, ttft_ms=d.ttft_ms, total_ms=d.total_ms),
+        preemptions=d.preemptions,
+    )
+
+
+def error_proto(status: str, message: str, retry_after_ms: int = 0, quota: str = "") -> pb.Error:
+    code = grpc.StatusCode[status]
+    return pb.Error(
+        code=code.value[0], status=status, message=message, retry_after_ms=retry_after_ms, quota=quota
+    )
+
+
+def response_format(rf: pb.ResponseFormat) -> tuple[str, str] | None:
+    """(constraint kind, source) of a ResponseFormat, or None when none is set."""
+    kind = rf.WhichOneof("format")
+    if kind is None:
+        return None
+    return FORMAT_KINDS[kind], getattr(rf, kind)
