@@ -2,8 +2,13 @@
 
 Fairness: two tenants in the batch tier, equal weights; tenant A runs 16
 closed-loop streams, tenant B 2 (128 greedy tokens each, ignore_eos). The
-server runs ``--max-running 4`` so that work queues and the scheduler's order
-decides who is served (with room for all 18 there is nothing to share). Runs
+server runs ``--max-running 3``: work queues, so the scheduler's order decides
+who is served (with room for all 18 there is nothing to share), and B's 2
+streams ask for more than its fair half of the 3 slots, so B stays backlogged.
+(With 4 slots B's fair half is exactly its 2 streams; each time one of its
+requests ends, the slot goes to A before B's next request arrives, and B waits
+for the next free slot: measured 42.5% for B.) Also
+``--aging-s 3600`` (no interactive work here; see ``service/fair_share.py``). Runs
 with fair share on (the virtual token counter) and off (FCFS within the tier).
 Both tenants have requests outstanding the whole window (closed loop), so the
 window is one backlogged period: reported are each tenant's token share, Jain's
@@ -13,7 +18,7 @@ total throughput.
 Cost: scenario A's shape at 16 streams (unique 30-60 token prompts, 64 tokens,
 interactive) against a plaintext server without authentication, the same with
 ``--auth-tokens`` (token in metadata), and with TLS and the token; the three
-alternate, ``COST_REPEATS`` times each, and the medians are compared.
+alternate (``Load.cost_repeats`` rounds) and the medians are compared.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class Load:
 
 FULL = Load(16, 2, 128, 10.0, 60.0, 16, 64, 20.0, 3)
 QUICK = Load(16, 2, 16, 2.0, 6.0, 16, 16, 4.0, 1)
-MAX_RUNNING = 4
+MAX_RUNNING = 3
 
 
 def tenants_file(folder: Path) -> Path:
@@ -167,28 +172,30 @@ class Client:
 
 
 async def _tenant(ep: Endpoint, c: Client, until: float, bins: Bins, ttft: list[float]) -> None:
-    prompts, tokens, priority = c.prompts, c.tokens, c.priority
+    """One Generate stream per closed-loop client (a gRPC call takes one write at a time)."""
     errors: list[str] = []
     async with ep.channel(c.token) as ch:
-        stream = Stream(ch, on_tokens=bins.sink(c.tenant))
 
-        async def client(i: int) -> None:
-            while time.perf_counter() < until:
-                try:
-                    res = await stream.request(prompts[i % len(prompts)], tokens, priority)
-                except (grpc.RpcError, asyncio.InvalidStateError):  # the stream ended
-                    return
-                if not res.ok and time.perf_counter() < until:
-                    errors.append(res.error)
-                if res.ok and res.ttft_ms is not None and bins.start <= res.start < bins.end:
-                    ttft.append(res.ttft_ms)
-                i += len(prompts)
+        async def client(prompt: str) -> None:
+            stream = Stream(ch, on_tokens=bins.sink(c.tenant))
+            try:
+                while time.perf_counter() < until:
+                    try:
+                        res = await stream.request(prompt, c.tokens, c.priority)
+                    except (grpc.RpcError, asyncio.InvalidStateError):  # the stream ended
+                        return
+                    if not res.ok and time.perf_counter() < until:
+                        errors.append(res.error)
+                    first = res.start + (res.ttft_ms or 0.0) / 1000.0
+                    if res.ok and res.ttft_ms is not None and bins.start <= first < bins.end:
+                        ttft.append(res.ttft_ms)  # requests whose first token came in the window
+            finally:
+                stream.abort()
 
-        tasks = [asyncio.create_task(client(i)) for i in range(len(prompts))]
+        tasks = [asyncio.create_task(client(p)) for p in c.prompts]
         await asyncio.sleep(max(0.0, until - time.perf_counter()))
         for t in tasks:
             t.cancel()
-        stream.abort()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
@@ -223,14 +230,10 @@ async def _fair_run(ep: Endpoint, load: Load, maker: PromptMaker) -> dict[str, A
 
 def _fairness(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    base = [
-        "--auth-tokens",
-        str(tenants_file(folder)),
-        "--max-running",
-        str(MAX_RUNNING),
-        "--scheduling",
-        "priority",
-    ]
+    # NOTE: aging off (--aging-s 3600): A's backlog would wait longer than the default 30 s, be promoted
+    # to the interactive tier and go before B's batch work (fair share orders within a tier).
+    base = ["--auth-tokens", str(tenants_file(folder)), "--max-running", str(MAX_RUNNING)]
+    base += ["--scheduling", "priority", "--aging-s", "3600"]
     for label, extra in (("on", []), ("off", ["--no-fair-share"])):
         with GrpcServer(f"H-fair-{label}", cfg.model, *base, *extra, threads=cfg.threads) as srv:
             row = asyncio.run(_fair_run(Endpoint(srv.target), load, maker))

@@ -17,6 +17,12 @@ streams against 16, 4 running slots, 256-token outputs: 40% instead of 50%).
 A small credit (default: about two 256-token requests) keeps its place; the
 service difference bound grows by ``credit``.
 
+NOTE: aging still applies: a batch request that waited longer than
+``--aging-s`` is ordered with interactive work, ahead of every batch request.
+A tenant whose backlog is deeper than that escapes its tier's fair share (and
+its aged requests may preempt batch work); raise ``--aging-s`` where tenants
+share a batch tier under sustained overload.
+
 Charging "as tokens are computed": ``order`` is called by the scheduler once per
 step, on the engine thread; it first charges each tenant for the progress its
 sequences made since the previous call (prompt tokens when a sequence is first
