@@ -24,9 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
+from .balancing import AffinityPool, balanced_options, balancing_mode
 from .generation import Generation
 from .metrics import metrics_to_dict
 from .retry import RetryPolicy, call_with_retry
+from .ring import prefix_key
 from .security import make_channel, with_token
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
 from .stream import GenerateStream, StreamRegistry
@@ -47,6 +49,14 @@ class InferenceClient:
         credentials: TLS channel credentials (``security.secure_credentials``); None = plaintext.
         token: bearer token sent as ``authorization`` metadata with every call (docs/security.md).
         options: channel options, e.g. ``channel_options(retry_service_config())``.
+        balancing: ``auto`` (``round_robin`` for ``dns:``/``ipv4:``/``ipv6:`` targets, else
+            ``pick_first``), ``round_robin``, ``pick_first`` or ``prefix_affinity`` (Generate
+            streams placed on a bounded-load consistent-hash ring by prompt prefix; unary
+            calls round-robin). See ``balancing.py``.
+        affinity_prefix_tokens: ``prefix_affinity`` keys on about this many leading prompt
+            tokens (or on the system message).
+        affinity_epsilon: ``prefix_affinity`` sends a request elsewhere when its replica is over
+            ``(1 + epsilon)`` x the mean in-flight count.
     """
 
     def __init__(
@@ -60,9 +70,18 @@ class InferenceClient:
         options: Sequence[tuple[str, Any]] = (),
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        balancing: str = "auto",
+        affinity_prefix_tokens: int = 64,
+        affinity_epsilon: float = 0.25,
     ) -> None:
+        target = target or DEFAULT_TARGET
+        mode = balancing_mode(balancing, target)
         self._owns_channel = channel is None
-        self.channel = channel or make_channel(target or DEFAULT_TARGET, credentials, options)
+        self.channel = channel or make_channel(target, credentials, balanced_options(mode, options))
+        self.pool: AffinityPool | None = None
+        if mode == "prefix_affinity" and channel is None:
+            self.pool = AffinityPool(target, options=options, epsilon=affinity_epsilon)
+        self.affinity_prefix_tokens = affinity_prefix_tokens
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.metadata = with_token(metadata, token)
@@ -74,9 +93,16 @@ class InferenceClient:
         return self.timeout if timeout is None else timeout
 
     def open_stream(self, *, timeout: float | None = None) -> GenerateStream:
-        """Open an empty multiplexed Generate stream; ``submit`` requests, then ``close`` it."""
+        """Open an empty multiplexed Generate stream; ``submit`` requests, then ``close`` it.
+
+        With ``prefix_affinity`` the stream goes to the least loaded replica.
+        """
+        return self._open(None, timeout)
+
+    def _open(self, key: bytes | None, timeout: float | None) -> GenerateStream:
+        stub = self._stub if self.pool is None else self.pool.picking_stub(key)
         return GenerateStream(
-            self._stub,
+            stub,
             policy=self.retry,
             timeout=self._timeout(timeout),
             metadata=self.metadata,
@@ -101,7 +127,10 @@ class InferenceClient:
         ``cancel()``; ``client.cancel(request_id)`` works too.
         """
         spec = RequestSpec(prompt=prompt, messages=messages, request_id=request_id, **options)
-        stream = self.open_stream(timeout=timeout)
+        key = None
+        if self.pool is not None:
+            key = prefix_key(prompt, messages, k_tokens=self.affinity_prefix_tokens)
+        stream = self._open(key, timeout)
         rid = stream.submit(spec)
         stream.close()
         return Generation(stream, rid)
@@ -191,9 +220,11 @@ class InferenceClient:
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
 
     def close(self) -> None:
-        """Close the channel if the client created it."""
+        """Close the channel if the client created it (and the per-replica channels of ``prefix_affinity``)."""
         if self._owns_channel:
             self.channel.close()
+        if self.pool is not None:
+            self.pool.close()
 
     def __enter__(self) -> InferenceClient:
         return self

@@ -86,3 +86,26 @@ def channel_options(
         text = service_config if isinstance(service_config, str) else json.dumps(service_config)
         options.append(("grpc.service_config", text))
     return options
+
+
+def load_balancing_service_config(
+    policy: str = "round_robin",
+    *,
+    health_service: str | None = INFERENCE_SERVICE,
+    retry: str | Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A service config choosing gRPC's load-balancing ``policy`` for a multi-address target.
+
+    With ``health_service`` the channel watches ``grpc.health.v1.Health/Watch``
+    of that service on every backend (client-side health checking) and sends
+    nothing to a backend reporting NOT_SERVING, such as a draining replica.
+    ``retry`` (e.g. :func:`retry_service_config`'s JSON) adds its ``methodConfig``.
+    The same JSON works in Go and Java clients (see docs/scale-out.md).
+    """
+    config: dict[str, Any] = {"loadBalancingConfig": [{policy: {}}]}
+    if health_service is not None:
+        config["healthCheckConfig"] = {"serviceName": health_service}
+    if retry is not None:
+        parsed = json.loads(retry) if isinstance(retry, str) else dict(retry)
+        config["methodConfig"] = parsed.get("methodConfig", [])
+    return config
