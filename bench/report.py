@@ -344,6 +344,59 @@ def render_g(r: dict[str, Any]) -> str:
     return table(["measure", "value"], [[k.replace("_", " "), _cell(v)] for k, v in r.items()])
 
 
+# -- H --------------------------------------------------------------------------------------------
+def render_h(r: dict[str, Any]) -> str:
+    load, c = r["load"], r["checks"]
+    rows = []
+    for label in ("on", "off"):
+        f = r["fairness"][label]
+        rows.append(
+            [
+                f"fair share {label}",
+                f"{fmt(100 * f['b_share'], 1)}%" if f["b_share"] is not None else "-",
+                fmt(f["jain_window"], 3),
+                fmt(f["jain_bins_mean"], 3),
+                fmt(f.get("jain_10s_bins_mean"), 3),
+                fmt(f["total_tok_s"], 1),
+                fmt(_g(f, "b_ttft", "p50_ms"), 0),
+                fmt(_g(f, "b_ttft", "p99_ms"), 0),
+            ]
+        )
+    out = [
+        f"Batch tier, equal weights: tenant A {load['a_streams']} closed-loop streams, tenant B "
+        f"{load['b_streams']}, {load['fair_tokens']} tokens each, --max-running {r['max_running']}, "
+        f"{load['window_s']:.0f} s window (both backlogged throughout); Jain's index over the window and "
+        "the mean over 5 s and 10 s bins (a bin holds only ~2 requests' tokens per tenant).",
+        "",
+        table(
+            [
+                "run",
+                "B share",
+                "Jain (window)",
+                "Jain (5 s bins)",
+                "Jain (10 s bins)",
+                "tok/s",
+                "B TTFT p50 ms",
+                "B TTFT p99 ms",
+            ],
+            rows,
+        ),
+        "",
+        f"- B share >= 45%: {verdict(c['b_share_on'], 0.45)}; Jain >= 0.95: {verdict(c['jain_on'], 0.95)}; "
+        f"total on/off {fmt(c['total_on_vs_off'], 3)} (within 5%: {'met' if c['total_ok'] else 'NOT met'})",
+    ]
+    cost = r["cost"]
+    med = cost["median_tok_s"]
+    out += [
+        f"- TLS/auth cost (scenario A shape, {load['cost_streams']} streams, medians of "
+        f"{load['cost_repeats']} alternating runs): plaintext {fmt(med['plaintext'], 1)} tok/s, "
+        f"auth {fmt(med['auth'], 1)} ({fmt(100 * c['auth_cost'], 1)}% cost), TLS + auth "
+        f"{fmt(med['tls_auth'], 1)} ({fmt(100 * c['tls_auth_cost'], 1)}% cost); target <= 2%; runs "
+        f"{json.dumps(cost['runs_tok_s'])}",
+    ]
+    return "\n".join(out)
+
+
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "A": render_a,
     "B": render_b,
@@ -352,6 +405,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "E": render_e,
     "F": render_f,
     "G": render_g,
+    "H": render_h,
 }
 
 
