@@ -397,6 +397,47 @@ def render_h(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+# -- I --------------------------------------------------------------------------------------------
+def render_i(r: dict[str, Any]) -> str:
+    rows = []
+    labels = [k for k in r if isinstance(r[k], dict) and "balancing" in r[k]]
+    for label in labels:
+        m = r[label]
+        t = m.get("targets", {})
+        rows.append(
+            [
+                label,
+                f"{fmt(100 * (m['prefix_hit_rate'] or 0), 1)}%",
+                fmt(t.get("hit_rate_ratio"), 2, "x") if t else "-",
+                fmt(_g(m, "ttft", "p50_ms"), 0),
+                fmt(_g(m, "ttft", "p99_ms"), 0),
+                fmt(_g(m, "in_flight", "max_over_mean"), 2),
+                " / ".join(str(n) for n in m["requests_per_replica"]),
+                str(m["failed"]),
+            ]
+        )
+    head = ["routing", "prefix hit rate", "vs round_robin", "TTFT p50 ms", "TTFT p99 ms"]
+    head += ["in-flight max/mean", "requests per replica", "failed"]
+    out = [
+        f"{r['replicas']} replicas x 1 thread on this machine (a routing experiment, not a throughput one): "
+        f"{r['system_prompts']} system prompts x {r['system_prompt_tokens']} tokens round-robin from "
+        f"{r['clients']} clients, {r['measured_requests']} measured requests, prefix cache "
+        f"{r['prefix_cache_tokens_per_replica']} tokens per replica.",
+        "",
+        table(head, rows),
+        "",
+    ]
+    for label in labels:
+        t = r[label].get("targets")
+        if t:
+            out.append(
+                f"- {label}: hit rate {fmt(t['hit_rate_ratio'], 2)}x round_robin's (target >= 2x: "
+                f"{'met' if t['hit_rate_met'] else 'NOT met'}); in-flight max/mean "
+                f"{fmt(t['in_flight_max_over_mean'], 2)} (target <= 1.5: {'met' if t['balance_met'] else 'NOT met'})"
+            )
+    return "\n".join(out)
+
+
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "A": render_a,
     "B": render_b,
@@ -406,6 +447,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "F": render_f,
     "G": render_g,
     "H": render_h,
+    "I": render_i,
 }
 
 

@@ -10,6 +10,7 @@ Scenarios (each starts its own server subprocesses and stops them):
   F structured_output GenerateJSON vs unconstrained generation of the same length
   G tracing           tracing overhead (bench/bench_tracing.py, when present)
   H fairness          two tenants 16:2 streams, fair share on vs off; TLS and auth cost
+  I scale             3 replicas (1 thread each): round_robin vs prefix_affinity routing
 
 Results: ``bench/results/<name>.json`` per scenario, ``bench/results/summary.md`` and its
 charts in ``bench/results/plots/`` (``bench/plots.py``);
@@ -123,6 +124,12 @@ def _tracing(cfg: BenchConfig) -> dict[str, Any]:
     return out
 
 
+def _scale(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_scale
+
+    return s_scale.run(cfg)
+
+
 SCENARIOS = [
     Scenario(
         "A",
@@ -140,6 +147,7 @@ SCENARIOS = [
     Scenario("F", "structured_output", "Structured output overhead", _structured, 90),
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
     Scenario("H", "fairness", "Fair share between tenants; cost of TLS and token auth", _fairness, 480),
+    Scenario("I", "scale", "Scale-out routing: 3 replicas, round_robin vs prefix_affinity", _scale, 420),
 ]
 
 

@@ -23,6 +23,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from .aio_stream import AsyncGenerateStream, AsyncGeneration
+from .balancing import balanced_options, balancing_mode
 from .client import DEFAULT_TARGET
 from .metrics import metrics_to_dict
 from .retry import RetryPolicy, acall_with_retry
@@ -47,7 +48,10 @@ class AsyncInferenceClient:
         token: str | None = None,
     ) -> None:
         self._owns_channel = channel is None
-        self.channel = channel or make_aio_channel(target or DEFAULT_TARGET, credentials, options)
+        target = target or DEFAULT_TARGET
+        # dns:/ipv4:/ipv6: targets get round_robin with health checking, as in the sync client
+        lb_options = balanced_options(balancing_mode("auto", target), options)
+        self.channel = channel or make_aio_channel(target, credentials, lb_options)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.metadata = with_token(metadata, token)

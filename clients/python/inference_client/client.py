@@ -80,7 +80,12 @@ class InferenceClient:
         self.channel = channel or make_channel(target, credentials, balanced_options(mode, options))
         self.pool: AffinityPool | None = None
         if mode == "prefix_affinity" and channel is None:
-            self.pool = AffinityPool(target, options=options, epsilon=affinity_epsilon)
+            self.pool = AffinityPool(
+                target,
+                options=options,
+                epsilon=affinity_epsilon,
+                channel_factory=lambda address, opts: make_channel(address, credentials, opts),
+            )
         self.affinity_prefix_tokens = affinity_prefix_tokens
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
