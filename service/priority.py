@@ -7,7 +7,8 @@ Two implementations behind one interface, selected by ``--scheduling``:
 * ``PriorityPolicy``: interactive before batch, FCFS within a tier. A batch
   request that has waited longer than ``aging_s`` is treated as interactive, so
   batch work never starves (it keeps that rank while it runs). Interactive work may preempt batch work (never the
-  reverse); the victim is the batch sequence cheapest to resume.
+  reverse); the victim is the batch sequence cheapest to resume. With a ``FairShare``
+  (tenants configured), tenants take turns inside each tier (``service.fair_share``).
 """
 
 from __future__ import annotations
