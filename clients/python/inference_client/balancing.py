@@ -37,6 +37,7 @@ from .service_config import channel_options, load_balancing_service_config
 BALANCING_MODES = ("auto", "pick_first", "round_robin", "prefix_affinity")
 MULTI_SCHEMES = ("dns:", "ipv4:", "ipv6:")
 ChannelFactory = Callable[[str, list[tuple[str, Any]]], grpc.Channel]
+MAX_RECONNECT_BACKOFF_MS = 5000
 DOWN = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
 
 
@@ -122,10 +123,8 @@ class AffinityPool:
         channel_factory: ChannelFactory | None = None,
     ) -> None:
         self.target = target
-        self._options = list(options)
-        if not any(k == "grpc.service_config" for k, _ in self._options):
-            # one address per channel: round_robin only for its health checking
-            self._options += channel_options(load_balancing_service_config())
+        # one address per channel: round_robin only for its health checking (NOT_SERVING = down)
+        self._options = balanced_options("round_robin", options)
         self._factory = channel_factory or (lambda addr, opts: grpc.insecure_channel(addr, options=opts))
         self._lock = threading.Lock()
         self.ring = HashRing(epsilon=epsilon)
@@ -232,4 +231,8 @@ def balanced_options(mode: str, options: Sequence[tuple[str, Any]]) -> list[tupl
     rest = [(k, v) for k, v in options if k not in ("grpc.service_config", "grpc.enable_retries")]
     enable = all(v for k, v in options if k == "grpc.enable_retries")
     config = load_balancing_service_config("round_robin", retry=given[-1] if given else None)
+    if not any(k == "grpc.max_reconnect_backoff_ms" for k, _ in rest):
+        # NOTE: gRPC's default backoff grows to 120 s: a replica back from a restart would wait
+        # that long for traffic. Among a few replicas, a reconnect try every <= 5 s is cheap.
+        rest.append(("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS))
     return rest + channel_options(config, enable_retries=enable)
