@@ -240,3 +240,32 @@ def test_one_tenant_order_is_fcfs_with_preempted_first() -> None:
     xs[4].priority = Priority.INTERACTIVE
     assert policy.order(xs, 0.0) == [xs[4], xs[3], xs[0], xs[1], xs[2]]
     assert PriorityPolicy().order(xs, 0.0) == policy.order(xs, 0.0)
+
+
+# -- observability ------------------------------------------------------------------------------------
+def test_tenant_metrics_are_bounded_by_the_file(tmp_path: Path) -> None:
+    from inference.v1 import inference_pb2 as pb
+
+    from service.metrics_view import tenant_metrics
+    from service.otel_metrics import _per_tenant
+    from service.tenancy import Tenancy
+
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps({"tenants": {"a": {"token_sha256": [sha("x")], "weight": 2}}}))
+    tenancy = Tenancy(TenantFile(path))
+    known, unknown = seq("a"), seq("not-in-the-file")
+    tenancy.submit(known, lambda s: None)
+    tenancy.submit(unknown, lambda s: None)  # (the interceptor never lets such a name through)
+    rows = tenant_metrics(tenancy)
+    assert [(r.tenant, r.weight, r.requests_total, r.in_flight) for r in rows] == [("a", 2.0, 1, 1)]
+    observed = _per_tenant("requests_total")(pb.GetMetricsResponse(tenants=rows))
+    assert observed == [(1, {"inference.tenant": "a"})]
+
+
+def test_tenant_on_request_span_attributes_never_the_token() -> None:
+    from service.telemetry import _request_attributes
+
+    s = seq("team-a")
+    attrs = _request_attributes(s, "model.gguf")
+    assert attrs["inference.tenant"] == "team-a"
+    assert not any("token" in k and "tokens" not in k for k in attrs)
