@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Go and Java example clients offline from Debian packages, starts a server on the
-# default model on a free port, runs both clients against it and fails if either fails.
+# default model on a free port, runs both clients against it (with a bearer token: the server has a
+# tenants file) and fails if either fails. A second server with mTLS checks that the Go client
+# connects with TLS, a client certificate and the token, and is refused without the token.
 # Invoked by `make polyglot` (after `make setup`). See docs/polyglot.md.
 #
 # Environment: POLYGLOT_WAIT (seconds to wait for SERVING, default 120),
@@ -32,15 +34,21 @@ APT_PACKAGES=(
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/polyglot.XXXXXX")"
 SERVER_PID=""
+TLS_SERVER_PID=""
+stop_server() {
+  local pid=$1
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    log "stopping server (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  fi
+}
 cleanup() {
   local rc=$?
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    log "stopping server (pid $SERVER_PID)"
-    kill -TERM "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
+  stop_server "$SERVER_PID"
+  stop_server "$TLS_SERVER_PID"
   # Build jobs still running (after a failure) are children of this shell.
   local jobs_left
   jobs_left="$(jobs -pr)"
@@ -51,13 +59,38 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# Certificates and a tenants file for the token checks (tests/certs.py, cryptography).
+TOKEN="polyglot-token-$RANDOM$RANDOM"
+"$PY" - "$WORK" "$TOKEN" <<'EOF'
+import hashlib, json, sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from tests.certs import CA
+folder, token = Path(sys.argv[1]), sys.argv[2]
+ca = CA("polyglot CA")
+(folder / "ca.crt").write_bytes(ca.pem)
+ca.issue("localhost", server=True).write(folder, "server")
+ca.issue("polyglot-client").write(folder, "client")
+tenants = {"tenants": {"polyglot": {"token_sha256": [hashlib.sha256(token.encode()).hexdigest()]}}}
+(folder / "tenants.json").write_text(json.dumps(tenants))
+EOF
+
 # 1. Start the server first: it loads the model while the packages install and the clients build.
 PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 ADDR="127.0.0.1:$PORT"
 log "starting server on $ADDR (model $MODEL, log $WORK/server.log)"
 "$PY" -m service --model "$MODEL" --host 127.0.0.1 --port "$PORT" --max-running 4 \
-  >"$WORK/server.log" 2>&1 &
+  --auth-tokens "$WORK/tenants.json" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
+
+TLS_PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+TLS_ADDR="localhost:$TLS_PORT"
+TLS_ARGS=(-tls-ca "$WORK/ca.crt" -tls-cert "$WORK/client.crt" -tls-key "$WORK/client.key")
+log "starting the mTLS + token server on $TLS_ADDR (log $WORK/tls-server.log)"
+"$PY" -m service --model "$MODEL" --host 127.0.0.1 --port "$TLS_PORT" --max-running 4 \
+  --tls-cert "$WORK/server.crt" --tls-key "$WORK/server.key" --tls-client-ca "$WORK/ca.crt" \
+  --auth-tokens "$WORK/tenants.json" >"$WORK/tls-server.log" 2>&1 &
+TLS_SERVER_PID=$!
 
 # 2. Debian packages, installed only if missing; apt-get update only when an install needs it.
 missing=()
@@ -99,15 +132,20 @@ if wait "$JAVA_BUILD"; then log "Java client built: clients/java/build/inference
 ((build_ok)) || die "client build"
 
 # 4. Wait until the server reports SERVING over grpc.health.v1 (or dies).
-log "waiting up to ${WAIT_S}s for the server to be SERVING"
-if ! "$PY" - "$ADDR" "$WAIT_S" "$SERVER_PID" <<'EOF'
+wait_serving() {  # addr pid [ca cert key]
+"$PY" - "$WAIT_S" "$@" <<'EOF'
 import os, sys, time
+from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-addr, wait_s, pid = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+wait_s, addr, pid = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 deadline = time.monotonic() + wait_s
-channel = grpc.insecure_channel(addr)
+if len(sys.argv) > 4:
+    ca, cert, key = (Path(p).read_bytes() for p in sys.argv[4:7])
+    channel = grpc.secure_channel(addr, grpc.ssl_channel_credentials(ca, key, cert))
+else:
+    channel = grpc.insecure_channel(addr)
 stub = health_pb2_grpc.HealthStub(channel)
 last = "no answer"
 while time.monotonic() < deadline:
@@ -129,7 +167,9 @@ while time.monotonic() < deadline:
 print(f"server not SERVING after {wait_s:.0f}s (last health answer: {last})", file=sys.stderr)
 sys.exit(1)
 EOF
-then
+}
+log "waiting up to ${WAIT_S}s for the server to be SERVING"
+if ! wait_serving "$ADDR" "$SERVER_PID"; then
   log "server log (last 40 lines):"
   tail -n 40 "$WORK/server.log" >&2 || true
   die "server did not become SERVING"
@@ -139,10 +179,10 @@ log "server is SERVING"
 # 5. Run both clients; report both before failing.
 failed=()
 log "running the Go client"
-if clients/go/bin/inference-client -addr "$ADDR"; then log "Go client passed"; else
+if clients/go/bin/inference-client -addr "$ADDR" -token "$TOKEN"; then log "Go client passed"; else
   log "Go client FAILED"; failed+=(go); fi
 log "running the Java client"
-if clients/java/build/inference-client -addr "$ADDR"; then log "Java client passed"; else
+if clients/java/build/inference-client -addr "$ADDR" -token "$TOKEN"; then log "Java client passed"; else
   log "Java client FAILED"; failed+=(java); fi
 
 if ((${#failed[@]})); then
@@ -150,4 +190,29 @@ if ((${#failed[@]})); then
   tail -n 40 "$WORK/server.log" >&2 || true
   die "client(s) failed: ${failed[*]}"
 fi
-log "polyglot OK: Go and Java clients passed against $ADDR"
+
+# 6. The same clients over mTLS with a bearer token; without the token the call must be refused.
+if ! wait_serving "$TLS_ADDR" "$TLS_SERVER_PID" "$WORK/ca.crt" "$WORK/client.crt" "$WORK/client.key"; then
+  tail -n 40 "$WORK/tls-server.log" >&2 || true
+  die "the mTLS server did not become SERVING"
+fi
+unset INFERENCE_TOKEN
+log "running the Go client over mTLS with a token"
+if clients/go/bin/inference-client -addr "$TLS_ADDR" "${TLS_ARGS[@]}" -token "$TOKEN" -skip-json; then
+  log "Go client passed (mTLS + token)"; else log "Go client FAILED (mTLS + token)"; failed+=(go-tls); fi
+# NOTE: no Java TLS run: Debian's netty 4.1.48 finds no ALPN in the JDK provider and there is no
+# netty-tcnative package, so grpc-java cannot speak TLS here (the client says so and exits 1).
+log "running the Go client over mTLS without a token (must be refused)"
+if clients/go/bin/inference-client -addr "$TLS_ADDR" "${TLS_ARGS[@]}" -skip-json 2>"$WORK/refused.log"; then
+  log "Go client without a token was NOT refused"; failed+=(go-no-token)
+elif grep -q Unauthenticated "$WORK/refused.log"; then
+  log "refused as expected: $(tail -n 1 "$WORK/refused.log")"
+else
+  cat "$WORK/refused.log" >&2; failed+=(go-no-token)
+fi
+if ((${#failed[@]})); then
+  log "mTLS server log (last 40 lines):"
+  tail -n 40 "$WORK/tls-server.log" >&2 || true
+  die "client(s) failed: ${failed[*]}"
+fi
+log "polyglot OK: Go and Java clients passed against $ADDR (token), Go against $TLS_ADDR (mTLS + token)"

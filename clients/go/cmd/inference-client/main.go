@@ -5,11 +5,17 @@
 // call (printing the JSON document). It exits non-zero on any failure, except
 // that a GenerateJSON answered with UNIMPLEMENTED is reported and tolerated.
 //
+// TLS: -tls-ca (CA of the server's certificate), -tls-cert/-tls-key (client
+// certificate for mTLS). A bearer token: -token, or $INFERENCE_TOKEN; it is sent
+// as "authorization: Bearer <token>" metadata (docs/security.md).
+//
 // Build it with clients/go/build.sh (offline, from Debian's Go packages).
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -19,6 +25,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -34,7 +42,17 @@ func main() {
 	jsonPrompt := flag.String("json-prompt", "Describe a person named Alice who is 30 years old as JSON.", "prompt for the GenerateJSON call")
 	timeout := flag.Duration("timeout", 120*time.Second, "deadline of each call")
 	skipJSON := flag.Bool("skip-json", false, "skip the GenerateJSON call")
+	tlsCA := flag.String("tls-ca", "", "use TLS, trusting this CA bundle (PEM)")
+	tlsCert := flag.String("tls-cert", "", "client certificate for mTLS (PEM; with -tls-key)")
+	tlsKey := flag.String("tls-key", "", "key of -tls-cert (PEM)")
+	flag.StringVar(&bearerToken, "token", os.Getenv("INFERENCE_TOKEN"), "bearer token (default $INFERENCE_TOKEN)")
 	flag.Parse()
+
+	var err error
+	if transport, err = transportOption(*tlsCA, *tlsCert, *tlsKey); err != nil {
+		fmt.Fprintf(os.Stderr, "go-client: FAILED: %v\n", err)
+		os.Exit(1)
+	}
 
 	if err := run(*addr, *prompt, int32(*maxTokens), *jsonPrompt, *timeout, *skipJSON); err != nil {
 		fmt.Fprintf(os.Stderr, "go-client: FAILED: %v\n", err)
@@ -46,7 +64,7 @@ func main() {
 func run(addr, prompt string, maxTokens int32, jsonPrompt string, timeout time.Duration, skipJSON bool) error {
 	dialCtx, cancelDial := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancelDial()
-	conn, err := grpc.DialContext(dialCtx, addr, grpc.WithInsecure(), grpc.WithBlock())
+	conn, err := grpc.DialContext(dialCtx, addr, transport, grpc.WithBlock())
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", addr, err)
 	}
@@ -62,9 +80,49 @@ func run(addr, prompt string, maxTokens int32, jsonPrompt string, timeout time.D
 	return generateJSON(client, jsonPrompt, timeout)
 }
 
+var (
+	transport   = grpc.WithInsecure()
+	bearerToken string
+)
+
+// transportOption is plaintext without a CA, else TLS (with a client certificate for mTLS).
+func transportOption(caFile, certFile, keyFile string) (grpc.DialOption, error) {
+	if caFile == "" && certFile == "" {
+		return grpc.WithInsecure(), nil
+	}
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, err
+		}
+		config.RootCAs = x509.NewCertPool()
+		if !config.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificate in %s", caFile)
+		}
+	}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, err
+		}
+		config.Certificates = []tls.Certificate{pair}
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(config)), nil
+}
+
+// callContext is a context with the deadline and, if there is a token, the authorization metadata.
+func callContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	if bearerToken != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+bearerToken)
+	}
+	return ctx, cancel
+}
+
 // generate sends one request on a Generate stream and prints its events.
 func generate(client inferencev1.InferenceServiceClient, prompt string, maxTokens int32, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := callContext(timeout)
 	defer cancel()
 	stream, err := client.Generate(ctx)
 	if err != nil {
@@ -82,6 +140,10 @@ func generate(client inferencev1.InferenceServiceClient, prompt string, maxToken
 		Priority: inferencev1.Priority_PRIORITY_INTERACTIVE,
 	}
 	if err := stream.Send(req); err != nil {
+		if err == io.EOF { // the server ended the stream (e.g. UNAUTHENTICATED): its status comes from Recv
+			_, err = stream.Recv()
+			return fmt.Errorf("recv: %w", err)
+		}
 		return fmt.Errorf("send: %w", err)
 	}
 	fmt.Printf("[generate] request_id=%s prompt=%q max_tokens=%d\n", id, prompt, maxTokens)
@@ -143,7 +205,7 @@ func closeStream(stream inferencev1.InferenceService_GenerateClient) error {
 
 // generateJSON asks for one JSON document and checks it against the schema's required keys.
 func generateJSON(client inferencev1.InferenceServiceClient, prompt string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := callContext(timeout)
 	defer cancel()
 	fmt.Printf("[json] prompt=%q schema=%s\n", prompt, personSchema)
 	resp, err := client.GenerateJSON(ctx, &inferencev1.GenerateJSONRequest{

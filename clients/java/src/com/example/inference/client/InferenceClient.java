@@ -14,11 +14,19 @@ import com.example.inference.v1.Usage;
 import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
+import io.grpc.Channel;
+import io.grpc.ClientInterceptors;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
+import io.grpc.Metadata;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import io.grpc.netty.GrpcSslContexts;
+import io.grpc.netty.NettyChannelBuilder;
+import io.grpc.stub.MetadataUtils;
 import io.grpc.stub.StreamObserver;
+import io.netty.handler.ssl.SslContextBuilder;
+import java.io.File;
 import java.io.FileDescriptor;
 import java.io.FileOutputStream;
 import java.io.PrintStream;
@@ -36,7 +44,11 @@ import java.util.concurrent.TimeUnit;
  * tolerated.
  *
  * <p>Usage: {@code inference-client [-addr host:port] [-prompt TEXT] [-max-tokens N] [-timeout SECONDS]
- * [-skip-json]}
+ * [-skip-json] [-tls-ca FILE [-tls-cert FILE -tls-key FILE]] [-token TOKEN]}
+ *
+ * <p>TLS: {@code -tls-ca} is the CA of the server's certificate, {@code -tls-cert}/{@code -tls-key} a
+ * client certificate for mTLS (PKCS#8 PEM key). The bearer token ({@code -token}, default
+ * $INFERENCE_TOKEN) is sent as "authorization: Bearer" metadata (docs/security.md).
  */
 public final class InferenceClient {
   private static final String PERSON_SCHEMA =
@@ -64,6 +76,10 @@ public final class InferenceClient {
     int maxTokens = 32;
     long timeoutS = 120;
     boolean skipJson = false;
+    String tlsCa = null;
+    String tlsCert = null;
+    String tlsKey = null;
+    String token = System.getenv("INFERENCE_TOKEN");
     for (int i = 0; i < args.length; i++) {
       String a = args[i].replaceFirst("^--", "-");
       switch (a) {
@@ -85,21 +101,44 @@ public final class InferenceClient {
         case "-skip-json":
           skipJson = true;
           break;
+        case "-tls-ca":
+          tlsCa = args[++i];
+          break;
+        case "-tls-cert":
+          tlsCert = args[++i];
+          break;
+        case "-tls-key":
+          tlsKey = args[++i];
+          break;
+        case "-token":
+          token = args[++i];
+          break;
         default:
           System.err.println("java-client: unknown argument " + args[i]);
           System.err.println(
               "usage: inference-client [-addr host:port] [-prompt TEXT] [-json-prompt TEXT]"
-                  + " [-max-tokens N] [-timeout SECONDS] [-skip-json]");
+                  + " [-max-tokens N] [-timeout SECONDS] [-skip-json] [-tls-ca FILE]"
+                  + " [-tls-cert FILE -tls-key FILE] [-token TOKEN]");
           System.exit(2);
       }
     }
 
-    ManagedChannel channel = ManagedChannelBuilder.forTarget(addr).usePlaintext().build();
+    ManagedChannel channel;
+    try {
+      channel = openChannel(addr, tlsCa, tlsCert, tlsKey);
+    } catch (java.io.IOException | IllegalArgumentException | UnsupportedOperationException e) {
+      // NOTE: grpc-java needs ALPN for TLS: netty-tcnative, or a netty that finds it in the JDK
+      // (Debian bookworm's netty 4.1.48 does not with JDK 17, and has no netty-tcnative package).
+      System.err.println("java-client: FAILED: TLS setup: " + e.getMessage());
+      System.exit(1);
+      return;
+    }
+    Channel calls = withToken(channel, token);
     int rc = 0;
     try {
-      generate(channel, prompt, maxTokens, timeoutS);
+      generate(calls, prompt, maxTokens, timeoutS);
       if (!skipJson) {
-        generateJson(channel, jsonPrompt, timeoutS);
+        generateJson(calls, jsonPrompt, timeoutS);
       }
       OUT.println("java-client: OK");
     } catch (ClientException | StatusRuntimeException e) {
@@ -115,6 +154,35 @@ public final class InferenceClient {
     System.exit(rc);
   }
 
+  /** Plaintext without a CA or certificate; else TLS (with a client certificate for mTLS). */
+  private static ManagedChannel openChannel(String addr, String ca, String cert, String key)
+      throws java.io.IOException {
+    if (ca == null && cert == null) {
+      return ManagedChannelBuilder.forTarget(addr).usePlaintext().build();
+    }
+    SslContextBuilder ssl = GrpcSslContexts.forClient();
+    if (ca != null) {
+      ssl.trustManager(new File(ca));
+    }
+    if (cert != null) {
+      if (key == null) {
+        throw new IllegalArgumentException("-tls-cert needs -tls-key");
+      }
+      ssl.keyManager(new File(cert), new File(key));
+    }
+    return NettyChannelBuilder.forTarget(addr).sslContext(ssl.build()).build();
+  }
+
+  /** Every call carries "authorization: Bearer <token>" when a token is given. */
+  private static Channel withToken(ManagedChannel channel, String token) {
+    if (token == null || token.isEmpty()) {
+      return channel;
+    }
+    Metadata headers = new Metadata();
+    headers.put(Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER), "Bearer " + token);
+    return ClientInterceptors.intercept(channel, MetadataUtils.newAttachHeadersInterceptor(headers));
+  }
+
   /** Formats a status as "CODE: description (cause)" without a stack trace. */
   private static String describe(Status s) {
     StringBuilder b = new StringBuilder(s.getCode().name());
@@ -128,7 +196,7 @@ public final class InferenceClient {
   }
 
   /** Sends one request on a Generate stream and prints its events. */
-  private static void generate(ManagedChannel channel, String prompt, int maxTokens, long timeoutS)
+  private static void generate(Channel channel, String prompt, int maxTokens, long timeoutS)
       throws ClientException, InterruptedException {
     BlockingQueue<Object> events = new LinkedBlockingQueue<>();
     StreamObserver<GenerateRequest> requests =
@@ -240,7 +308,7 @@ public final class InferenceClient {
   }
 
   /** Asks for one JSON document and checks it against the schema's required keys. */
-  private static void generateJson(ManagedChannel channel, String prompt, long timeoutS)
+  private static void generateJson(Channel channel, String prompt, long timeoutS)
       throws ClientException {
     OUT.printf("[json] prompt=\"%s\" schema=%s%n", prompt, PERSON_SCHEMA);
     GenerateJSONResponse resp;
