@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -248,12 +249,31 @@ def _fairness(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) ->
     return out
 
 
-async def _cost_run(ep: Endpoint, token: str | None, load: Load, prompts: list[str]) -> float:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _cost_run(
+    ep: Endpoint, token: str | None, load: Load, prompts: list[str], pid: int
+) -> tuple[float, float]:
+    """(tok/s in the window, server CPU ms per token in the window)."""
     start = time.perf_counter() + 3.0
     bins = Bins(start, start + load.cost_window_s)
     client = Client("tenant-a", token, prompts, load.cost_tokens, INTERACTIVE)
+    cpu: list[float] = []
+
+    async def sample() -> None:
+        for at in (bins.start, bins.end):
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            cpu.append(_cpu_s(pid))
+
+    sampler = asyncio.create_task(sample())
     await _tenant(ep, client, bins.end, bins, [])
-    return sum(bins.tokens["tenant-a"]) / load.cost_window_s
+    await sampler
+    tokens = sum(bins.tokens["tenant-a"])
+    return tokens / load.cost_window_s, 1000.0 * (cpu[1] - cpu[0]) / max(tokens, 1)
 
 
 def _cost(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dict[str, Any]:
@@ -268,6 +288,7 @@ def _cost(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dic
         "tls_auth": (["--auth-tokens", tenants, "--tls-cert", str(cert), "--tls-key", str(key)], True, True),
     }
     runs: dict[str, list[float]] = {k: [] for k in configs}
+    cpu_runs: dict[str, list[float]] = {k: [] for k in configs}
 
     async def all_runs() -> None:
         # NOTE: one event loop for every run: grpc.aio's poller outlives a closed loop and complains.
@@ -278,17 +299,25 @@ def _cost(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dic
                 server = TlsGrpcServer(label, cfg.model, ca.pem, *flags, threads=cfg.threads) if tls else None
                 with server or GrpcServer(label, cfg.model, *flags, threads=cfg.threads) as srv:
                     ep = Endpoint(srv.target, ca.pem if tls else None)
-                    tok_s = await _cost_run(ep, TOKENS["tenant-a"] if auth else None, load, prompts)
+                    token = TOKENS["tenant-a"] if auth else None
+                    tok_s, cpu_ms = await _cost_run(ep, token, load, prompts, srv.pid)
                 runs[name].append(tok_s)
-                say(f"  cost {name} #{rep}: {tok_s:.1f} tok/s")
+                cpu_runs[name].append(cpu_ms)
+                say(f"  cost {name} #{rep}: {tok_s:.1f} tok/s, server CPU {cpu_ms:.2f} ms/token")
 
     asyncio.run(all_runs())
     med = {k: statistics.median(v) for k, v in runs.items()}
+    cpu = {k: statistics.median(v) for k, v in cpu_runs.items()}
     return {
         "runs_tok_s": runs,
         "median_tok_s": med,
         "auth_vs_plaintext": ratio(med["auth"], med["plaintext"]),
         "tls_auth_vs_plaintext": ratio(med["tls_auth"], med["plaintext"]),
+        # NOTE: CPU per token is far less sensitive to other load on the machine than tok/s.
+        "runs_server_cpu_ms_per_token": cpu_runs,
+        "median_server_cpu_ms_per_token": cpu,
+        "cpu_auth_vs_plaintext": ratio(cpu["auth"], cpu["plaintext"]),
+        "cpu_tls_auth_vs_plaintext": ratio(cpu["tls_auth"], cpu["plaintext"]),
     }
 
 
