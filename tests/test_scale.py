@@ -4,7 +4,8 @@
   every replica (GetMetrics of each); a replica SIGTERMed mid-run loses no
   request (it drains, health NOT_SERVING takes it out of rotation, new streams
   go to the others); restarted on the same port, it gets traffic again within
-  ``max_connection_age + 5 s``.
+  ``max_connection_age + 5 s``. While a replica drains (NOT_SERVING but still up),
+  gRPC's client-side health checking keeps every new request off it.
 * ``prefix_affinity``: requests sharing a prefix land on one replica, and under
   concurrency no placement exceeds the ring's load bound.
 """
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from inference_client import InferenceClient, InferenceError
+from inference_client import NO_RETRY, InferenceClient, InferenceError
 
 pytestmark = pytest.mark.model
 
@@ -197,3 +198,32 @@ def test_prefix_affinity_keeps_a_prefix_on_one_replica_within_the_bound(replicas
         assert sum(client.pool.in_flight.values()) == 0  # every finished stream released its count
     finally:
         client.close()
+
+
+def test_round_robin_skips_a_draining_replica_by_its_health(replicas: list[Replica]) -> None:
+    """While a replica drains (NOT_SERVING, still up, finishing a long request), health-checked
+    round_robin sends it nothing: no retries needed (NO_RETRY), none lost."""
+    victim = replicas[1]
+    with InferenceClient(victim.address, timeout=120) as direct:
+        long = direct.generate("Write a long story.", max_tokens=400, temperature=0.0, ignore_eos=True)
+        next(iter(long))  # running on the victim
+        client = InferenceClient(_target(replicas), timeout=120, retry=NO_RETRY)
+        try:
+            for i in range(3):
+                _ask(client, f"Warm {i}", max_tokens=2)
+            before = victim.requests_total()
+            victim.terminate()
+            deadline = time.monotonic() + 10
+            while direct.health(timeout=2) != "NOT_SERVING":
+                assert time.monotonic() < deadline, "the draining replica never reported NOT_SERVING"
+                time.sleep(0.05)
+            for i in range(12):
+                _ask(client, f"During the drain {i}", max_tokens=2)
+            assert victim.proc is not None and victim.proc.poll() is None  # still draining
+            assert victim.requests_total() == before
+        finally:
+            long.close()
+            client.close()
+    assert victim.wait(60) == 0
+    victim.start()
+    victim.wait_serving()
