@@ -20,7 +20,7 @@ if ! command -v kubectl >/dev/null; then
 fi
 
 status=0
-for dir in base overlays/dev overlays/prod overlays/prod-keda; do
+for dir in base overlays/dev overlays/prod overlays/prod-keda overlays/prod-tls; do
     name=${dir//\//-}
     kubectl kustomize "$KUSTOMIZE_DIR/$dir" > "$OUT/$name.yaml"
     log="$OUT/$name.log"
