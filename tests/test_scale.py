@@ -32,10 +32,16 @@ MAX_CONNECTION_AGE_S = 2.0
 PREFIX = "You are a terse assistant for a hardware shop. Answer in one short sentence. " * 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (all held open while picking, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class Replica:
@@ -93,7 +99,7 @@ class Replica:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
     log_dir = tmp_path_factory.mktemp("replicas")
-    group = [Replica(_free_port(), log_dir) for _ in range(3)]
+    group = [Replica(port, log_dir) for port in _free_ports(3)]
     try:
         for r in group:
             r.start()
