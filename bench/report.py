@@ -394,6 +394,13 @@ def render_h(r: dict[str, Any]) -> str:
         f"{fmt(med['tls_auth'], 1)} ({fmt(100 * c['tls_auth_cost'], 1)}% cost); target <= 2%; runs "
         f"{json.dumps(cost['runs_tok_s'])}",
     ]
+    if "median_server_cpu_ms_per_token" in cost:
+        cpu = cost["median_server_cpu_ms_per_token"]
+        out.append(
+            f"- server CPU per token (medians): plaintext {fmt(cpu['plaintext'], 2)} ms, auth "
+            f"{fmt(cpu['auth'], 2)} ms ({fmt(100 * ((cost['cpu_auth_vs_plaintext'] or 1) - 1), 1)}%), TLS + auth "
+            f"{fmt(cpu['tls_auth'], 2)} ms ({fmt(100 * ((cost['cpu_tls_auth_vs_plaintext'] or 1) - 1), 1)}%)"
+        )
     return "\n".join(out)
 
 
