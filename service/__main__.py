@@ -13,6 +13,7 @@ from opentelemetry import trace
 from service.config import ServerConfig, load_config
 from service.runner import ModelLoadError
 from service.server import InferenceServer
+from service.tenants import TenantFileError
 
 log = logging.getLogger("service")
 
@@ -91,7 +92,11 @@ async def serve(config: ServerConfig) -> int:
     except OSError as exc:  # e.g. the Prometheus port is taken
         log.error("cannot start telemetry: %s", exc)
         return 2
-    server = InferenceServer(config, telemetry)
+    try:
+        server = InferenceServer(config, telemetry)  # reads the tenants file
+    except (TenantFileError, OSError) as exc:
+        log.error("cannot start: --auth-tokens %s: %s", config.auth_tokens, exc)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,6 +106,10 @@ async def serve(config: ServerConfig) -> int:
         await server.start()
     except ModelLoadError as exc:
         log.error("%s", exc)
+        await server.stop()
+        return 2
+    except OSError as exc:  # TLS files unreadable, or a key that does not fit its certificate
+        log.error("cannot start: %s", exc)
         await server.stop()
         return 2
     return await run_until_stopped(server, stop, config)

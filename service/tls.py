@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,15 @@ class CertificateFiles:
         return tuple(os.stat(p).st_mtime_ns for p in self.paths)
 
     def _config(self) -> Any:
+        """gRPC's configuration of the files; raises OSError (ssl.SSLError) unless the key fits the cert.
+
+        NOTE: gRPC would accept any bytes here and fail every handshake later; loading
+        the pair with ``ssl`` first catches a wrong, unreadable or half-rotated pair.
+        """
+        check = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        check.load_cert_chain(self.paths[0], self.paths[1])
+        if self.require_client_auth:
+            check.load_verify_locations(self.paths[2])
         cert, key = self.paths[0].read_bytes(), self.paths[1].read_bytes()
         ca = self.paths[2].read_bytes() if self.require_client_auth else None
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)

@@ -56,3 +56,19 @@ async def test_rotation_on_disk_reaches_new_connections(tls_server: tuple[int, C
         with pytest.raises(grpc.aio.AioRpcError):
             await _check(port, old_ca)  # new connections get the new certificate only
         await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)  # the open connection continues
+
+
+def test_a_key_that_does_not_fit_is_refused_at_start_and_on_rotation(tmp_path: Path) -> None:
+    ca = CA()
+    good = ca.issue("localhost", server=True)
+    other = ca.issue("localhost", server=True)
+    cert, key = good.write(tmp_path, "server")
+    key.write_bytes(other.key)  # a key from another pair
+    with pytest.raises(OSError):
+        server_credentials(cert, key)
+    key.write_bytes(good.key)
+    _creds, files = server_credentials(cert, key)
+    cert.write_bytes(other.cert)  # half-way through a rotation: new cert, old key
+    assert files.fetch() is None  # keeps serving the old pair
+    key.write_bytes(other.key)
+    assert files.fetch() is not None and files.rotations == 1
