@@ -146,8 +146,8 @@ SCENARIOS = [
     ),
     Scenario("F", "structured_output", "Structured output overhead", _structured, 90),
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
-    Scenario("H", "fairness", "Fair share between tenants; cost of TLS and token auth", _fairness, 480),
-    Scenario("I", "scale", "Scale-out routing: 3 replicas, round_robin vs prefix_affinity", _scale, 420),
+    Scenario("H", "fairness", "Fair share between tenants; cost of TLS and token auth", _fairness, 600),
+    Scenario("I", "scale", "Scale-out routing: 3 replicas, round_robin vs prefix_affinity", _scale, 540),
 ]
 
 

@@ -61,7 +61,7 @@ class Load:
     cost_repeats: int
 
 
-FULL = Load(16, 2, 128, 10.0, 60.0, 16, 64, 20.0, 3)
+FULL = Load(16, 2, 128, 10.0, 60.0, 16, 64, 20.0, 5)
 QUICK = Load(16, 2, 16, 2.0, 6.0, 16, 16, 4.0, 1)
 MAX_RUNNING = 3
 
