@@ -10,7 +10,7 @@ whole could hold it, one replica cannot.
 
 * ``round_robin``: gRPC's policy; every replica sees every system prompt.
 * ``prefix_affinity``: the bounded-load consistent-hash ring keyed by the
-  system prompt (epsilon 0.25, and 0.1 for comparison), so each prompt has a
+  system prompt (epsilon 0.25; 0.1 and 0.5 for comparison), so each prompt has a
   home replica unless that one is over (1 + epsilon) x the mean in-flight.
 
 Reported per mode: aggregate prefix hit rate (sum of the replicas' GetMetrics
@@ -40,6 +40,7 @@ MODES = (
     ("round_robin", "round_robin", 0.25),
     ("prefix_affinity", "prefix_affinity", 0.25),
     ("prefix_affinity_eps0.1", "prefix_affinity", 0.1),
+    ("prefix_affinity_eps0.5", "prefix_affinity", 0.5),
 )
 MAX_TOKENS = 16
 SAMPLE_S = 0.2
