@@ -18,10 +18,14 @@ kv counters over the measured passes), client TTFT p50/p99, and the in-flight
 balance: each replica's running + waiting requests sampled every 0.2 s, the
 max over replicas of their time-averaged in-flight divided by the mean.
 Fresh replicas (cold caches) for each mode.
+
+Sensitivity runs (not part of ``make bench``): ``BENCH_SCALE_CACHE_TOKENS`` sets the
+per-replica cache, ``BENCH_SCALE_MODES`` (comma-separated labels) picks the modes.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from contextlib import ExitStack
@@ -44,6 +48,7 @@ MODES = (
 )
 MAX_TOKENS = 16
 SAMPLE_S = 0.2
+CACHE_TOKENS = int(os.environ.get("BENCH_SCALE_CACHE_TOKENS", "8192"))
 
 
 def _requests(systems: list[str], maker: PromptMaker, rounds: int) -> list[list[str]]:
@@ -128,7 +133,7 @@ def _kv(monitors: list[InferenceClient]) -> list[tuple[int, int, int]]:
 def _run_mode(
     cfg: BenchConfig, label: str, mode: str, epsilon: float, fill: list[list[str]], measured: list[list[str]]
 ) -> dict:
-    flags = ["--ctx", "12288", "--prefix-cache-tokens", "8192", "--max-running", "8", "--kv-lanes", "64"]
+    flags = ["--ctx", "12288", "--prefix-cache-tokens", str(CACHE_TOKENS), "--max-running", "8"]
     with ExitStack() as stack:
         servers = [
             stack.enter_context(GrpcServer(f"I-{label}-{i}", cfg.model, *flags, threads=1))
@@ -176,9 +181,11 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "clients": CLIENTS,
         "measured_requests": n_sys * rounds,
         "max_tokens": MAX_TOKENS,
-        "prefix_cache_tokens_per_replica": 8192,
+        "prefix_cache_tokens_per_replica": CACHE_TOKENS,
     }
-    for label, mode, epsilon in MODES:
+    chosen = os.environ.get("BENCH_SCALE_MODES", "").split(",")
+    modes = [m for m in MODES if m[0] in chosen] if chosen != [""] else list(MODES)
+    for label, mode, epsilon in modes:
         row = _run_mode(cfg, label, mode, epsilon, fill, measured)
         out[label] = row
         say(
@@ -188,7 +195,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             f"{row['failed']} failed"
         )
     rr = out["round_robin"]
-    for label, mode, _ in MODES:
+    for label, mode, _ in modes:
         if mode == "prefix_affinity":
             out[label]["targets"] = _targets(rr, out[label])
     return out
