@@ -10,12 +10,13 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
 ARGS ?=
 
-.PHONY: setup serve test unit lint stubs model bench-model bench bench-env polyglot clean help
+.PHONY: setup serve test unit lint stubs model bench-model bench bench-env soak polyglot clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
 	@echo "make test    - set up and run the test suite"
 	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
+	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
 	@echo "make lint    - ruff, mypy and buf lint"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"
 
@@ -68,6 +69,10 @@ bench-env: setup
 
 bench: bench-env bench-model
 	$(PY) -m bench.run $(ARGS)
+
+# A benchmark, not a test: mixed load on the default model, results in bench/results/soak.json.
+soak: bench-env
+	$(PY) -m bench.soak $(ARGS)
 
 polyglot: setup
 	bash clients/polyglot.sh

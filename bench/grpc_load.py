@@ -28,6 +28,12 @@ _ids = itertools.count()
 TokenSink = Callable[[int, float], None]
 FirstTokenSink = Callable[[float, float], None]
 REQUEST_TIMEOUT_S = 600.0  # a stalled server fails the request instead of hanging the suite
+ABORTED = "aborted by the client"  # the error of requests in flight on a stream the client cancelled
+
+
+def next_id() -> str:
+    """A request id unique in this process."""
+    return f"r{next(_ids)}"
 
 
 @dataclass
@@ -69,12 +75,20 @@ class Stream:
         channel: grpc.aio.Channel,
         on_tokens: TokenSink | None = None,
         on_first: FirstTokenSink | None = None,
+        timeout: float | None = None,
     ) -> None:
-        self._call = pb_grpc.InferenceServiceStub(channel).Generate()
+        self._call = pb_grpc.InferenceServiceStub(channel).Generate(timeout=timeout)
         self._on_tokens = on_tokens  # (tokens, perf_counter time) of every delta
         self._on_first = on_first  # (request start, first token time) of every request, as it happens
         self._pending: dict[str, tuple[asyncio.Future[ReqResult], list[Any]]] = {}
+        self._write_lock = asyncio.Lock()  # one write at a time on the call
+        self.stray: list[pb.GenerateResponse] = []  # events for ids not in flight (a second terminal event)
         self._reader = asyncio.create_task(self._read())
+
+    @property
+    def alive(self) -> bool:
+        """False once the RPC has ended (its reader stopped)."""
+        return not self._reader.done()
 
     async def _read(self) -> None:
         try:
@@ -90,6 +104,8 @@ class Stream:
     def _on_message(self, msg: pb.GenerateResponse) -> None:
         entry = self._pending.get(msg.request_id)
         if entry is None:
+            if len(self.stray) < 100:
+                self.stray.append(msg)
             return
         fut, st = entry  # st = [start, first_token_time, tokens]
         kind = msg.WhichOneof("event")
@@ -133,22 +149,38 @@ class Stream:
         self._pending.clear()
 
     async def request(self, prompt: str, max_tokens: int, priority: int = INTERACTIVE) -> ReqResult:
-        rid = f"r{next(_ids)}"
+        return await self.send(gen_request(next_id(), prompt, max_tokens, priority))
+
+    async def send(self, req: pb.GenerateRequest, timeout_s: float = REQUEST_TIMEOUT_S) -> ReqResult:
+        """Send ``req`` (its ``request_id`` unique on this stream) and wait for its terminal event."""
+        return await self.result(req.request_id, await self.start(req), timeout_s)
+
+    async def start(self, req: pb.GenerateRequest) -> asyncio.Future[ReqResult]:
+        """Write ``req``; the future completes with its result (see ``result``)."""
         fut: asyncio.Future[ReqResult] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = (fut, [time.perf_counter(), None, 0])
-        await self._call.write(gen_request(rid, prompt, max_tokens, priority))
+        self._pending[req.request_id] = (fut, [time.perf_counter(), None, 0])
+        async with self._write_lock:
+            await self._call.write(req)
+        return fut
+
+    async def result(self, rid: str, fut: asyncio.Future[ReqResult], timeout_s: float) -> ReqResult:
+        """The result of a ``start``-ed request; a failed one after ``timeout_s`` without an answer."""
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), REQUEST_TIMEOUT_S)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except TimeoutError:
             start = self._pending.pop(rid, (fut, [time.perf_counter(), None, 0]))[1]
             now = time.perf_counter()
-            return ReqResult(
-                False, start[0], now, None, start[2], error=f"no answer in {REQUEST_TIMEOUT_S:.0f} s"
-            )
+            return ReqResult(False, start[0], now, None, start[2], error=f"no answer in {timeout_s:.0f} s")
+
+    async def cancel(self, rid: str) -> None:
+        """Send a cancel message for ``rid`` (its terminal event still arrives through ``send``)."""
+        async with self._write_lock:
+            await self._call.write(pb.GenerateRequest(request_id=rid, cancel=True))
 
     def abort(self) -> None:
         """Cancel the stream: the server aborts its in-flight requests, which end as failed here."""
         self._call.cancel()
+        self._fail_all(ABORTED)
 
     async def close(self) -> None:
         try:
