@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance as llg
+import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from service import grammar_schema as gs
@@ -45,6 +46,7 @@ _LIMIT_WORDS = ("too big", "limit for this grammar", "too many", "fuel", "too co
 # text (the matcher prototype's lexer and parser tables dominate); measured with
 # scripts/grammar_cache_size.py on the JSONSchemaBench dev schemas.
 BYTES_PER_GRAMMAR_BYTE = 40
+PROBE_TOKENS = 32  # allowed first tokens checked against the parser at compile time
 
 
 class GrammarError(Exception):
@@ -121,8 +123,16 @@ class GrammarMatcher:
         (the mask should have excluded the token).
         """
         if not self._m.consume_token(token) or self._m.is_error():
-            msg = f"token {token} not allowed: {_short(self._m.get_error(), 200)}"
-            raise GrammarError(self._status(), msg)
+            if self._status() == "RESOURCE_EXHAUSTED":
+                raise GrammarError("RESOURCE_EXHAUSTED", f"grammar limit hit: {_short(self._m.get_error(), 200)}")
+            # NOTE: llguidance's mask allowed a token its parser then refused. Seen when a
+            # constraint needs bytes no token of this vocabulary produces (e.g. a raw control
+            # character in a regex): a property of the constraint, not a server fault.
+            raise GrammarError(
+                "FAILED_PRECONDITION",
+                "the constraint needs text this model's vocabulary cannot produce here "
+                f"(token {token} was refused); simplify the constraint",
+            )
 
     def _status(self) -> str:
         limit = _status_of(self._m.get_error()) == "RESOURCE_EXHAUSTED"
@@ -133,10 +143,15 @@ class GrammarMatcher:
         return int(self._m.validate_tokens(tokens))
 
     def forced_tokens(self) -> list[int]:
-        """Tokens the grammar forces next (not consumed); [] if none or if the matcher is stopped."""
+        """Tokens the grammar forces next (not consumed); [] if none or if the matcher is stopped.
+
+        Only the prefix the parser accepts: llguidance may tokenize forced bytes into a
+        token its parser refuses (bytes the vocabulary cannot produce).
+        """
         if self._m.is_stopped():
             return []
-        return list(self._m.compute_ff_tokens())
+        forced = list(self._m.compute_ff_tokens())
+        return forced[: self._m.validate_tokens(forced)] if forced else forced
 
     def is_stopped(self) -> bool:
         """Nothing more may be generated (the grammar is complete, or the matcher failed)."""
@@ -240,6 +255,7 @@ class GrammarCompiler:
             if proto.is_error():
                 msg = proto.get_error()
                 raise GrammarError(_status_of(msg), f"{kind} grammar error: {_short(msg)}")
+            _probe_start(proto, kind)
             return CompiledGrammar(kind, grammar, None, (), proto)
         except GrammarError:
             raise
@@ -263,6 +279,7 @@ class GrammarCompiler:
             grammar = llg.LLMatcher.grammar_from_json_schema(work, overrides=options)  # type: ignore[arg-type]
             proto = self._new_matcher(grammar)
             if not proto.is_error():
+                _probe_start(proto, "json_schema")
                 return CompiledGrammar(
                     "json_schema", grammar, schema, tuple(approx), proto, gs.make_validator(schema, cls)
                 )
@@ -275,6 +292,27 @@ class GrammarCompiler:
             options["coerce_one_of"] |= label == gs.ONE_OF
             approx.append(label)
         raise GrammarError("INVALID_ARGUMENT", f"JSON Schema needs too many approximations: {approx}")
+
+
+def _probe_start(proto: llg.LLMatcher, kind: str) -> None:
+    """Refuse a constraint whose first step no token can take.
+
+    NOTE: llguidance computes masks from its token trie and checks tokens with its
+    parser; for bytes this vocabulary cannot produce (a raw control character,
+    say) the two disagree: the mask allows tokens the parser refuses. Probing
+    the first few allowed tokens at compile time turns that into INVALID_ARGUMENT
+    instead of a failed generation.
+    """
+    m = proto.deep_copy()
+    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    allowed = np.flatnonzero(bits)[:PROBE_TOKENS]
+    if m.is_error():
+        msg = m.get_error()
+        raise GrammarError(_status_of(msg), f"{kind} cannot start: {_short(msg)}")
+    if len(allowed) and not any(m.validate_tokens([int(t)]) == 1 for t in allowed):
+        raise GrammarError(
+            "INVALID_ARGUMENT", f"{kind} needs text this model's vocabulary cannot produce (at its start)"
+        )
 
 
 def fresh(exc: GrammarError) -> GrammarError:
