@@ -174,9 +174,9 @@ def test_compile_timeout(ll_tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(jg.GrammarError) as ei:
         comp.compile("regex", "abc")
     assert ei.value.status == "RESOURCE_EXHAUSTED" and "exceeded" in str(ei.value)
-    time.sleep(0.4)  # the abandoned compile finishes; the timeout stays the cached answer
-    with pytest.raises(jg.GrammarError):
-        comp.compile("regex", "abc")
+    time.sleep(0.4)  # the abandoned compile finishes: the timeout was not cached, the result is
+    compiled, hit, _ = comp.compile("regex", "abc")
+    assert hit and compiled.kind == "regex"
     comp.close()
 
 
@@ -310,9 +310,10 @@ def test_matcher_free_choice_and_rejection(compiler: Any, vocab: Any) -> None:
     assert m.forced_tokens() == []  # "b" or end: nothing is forced
     with pytest.raises(jg.GrammarError) as ei:
         m.consume(toks(vocab, "x")[0])
-    assert ei.value.status == "INTERNAL" and "not allowed" in str(ei.value)
-    err = m.error()
-    assert err is not None and err.status == "INTERNAL" and m.is_stopped()
+    # The mask never allows such a token; when llguidance's mask and parser disagree (bytes the
+    # vocabulary cannot produce) the constraint is at fault: FAILED_PRECONDITION, never INTERNAL.
+    assert ei.value.status == "FAILED_PRECONDITION" and "refused" in str(ei.value)
+    assert m.error() is not None and m.is_stopped()
 
 
 def test_matchers_are_independent(compiler: Any, vocab: Any) -> None:
