@@ -24,14 +24,16 @@ from typing import Any
 import numpy as np
 
 from service.events import Delta, Done, Error
+from service.intake import RetryHints
 from service.metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
 from service.runner import ModelRunner
-from service.sampling import sample_rows
+from service.sampling import sample_rows_guarded
 from service.scheduler import Plan, Scheduler
 from service.sequence import FinishReason, Priority, Sequence
 from service.telemetry import Telemetry
+from service.tokens import TokenAppender
 from service.watchdog import Watchdog
 
 log = logging.getLogger("service.engine")
@@ -43,23 +45,6 @@ class Draining(Exception):
 
 class EngineFailed(Draining):
     """The engine thread died or stalled; nothing more is accepted (UNAVAILABLE to clients)."""
-
-
-class DeadlineUnmeetable(QueueFull):
-    """The queue ahead is longer than the request's deadline allows (RESOURCE_EXHAUSTED)."""
-
-    def __init__(self, priority: Priority, wait_ms: int, left_ms: int) -> None:
-        Exception.__init__(
-            self,
-            f"deadline cannot be met: about {wait_ms} ms of queued work ahead, {left_ms} ms left; "
-            f"retry after {wait_ms} ms or with a longer deadline",
-        )
-        self.priority = priority
-        self.retry_after_ms = wait_ms
-
-
-# How long a computed retry hint is reused (a flood of rejections must stay cheap).
-RETRY_HINT_TTL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -91,12 +76,13 @@ class Engine:
         self.mask_batch = mask_batch  # json_grammar.MaskBatch for constrained rows, or None
         self.telemetry = telemetry or Telemetry()
         self.eog_ids = runner.vocab.eog_ids
+        self._appender = TokenAppender(self.eog_ids, runner.vocab.token_bytes)
         self.scheduler = Scheduler(
             kv,
             policy,
             max_running=config.max_running,
             token_budget=config.token_budget,
-            append_token=self._append_token,
+            append_token=self._appender,
             batch_prefill_budget=config.batch_prefill_budget,
             mixed_step_tokens=runner.mixed_batch_max,
         )
@@ -112,7 +98,7 @@ class Engine:
         self.step_started: float | None = None  # monotonic start of the step in progress
         self._life = threading.Lock()  # orders submit() against fail()
         self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
-        self._hints: dict[Priority, tuple[float, float]] = {}  # tier -> (computed at, e2e p50 ms)
+        self.hints = RetryHints(self.metrics.snapshot, config.max_running)
         self._watchdog: Watchdog | None = None
         self._cancel_message = "cancelled"
         self._current: Plan | None = None  # the plan of the step in progress
@@ -174,8 +160,8 @@ class Engine:
             if self.draining:
                 raise Draining("server is shutting down")
             try:
-                self._check_deadline(seq)
-                self.admission.enter(seq, self._retry_hint_ms)
+                self.hints.check_deadline(seq, self.admission.depth(seq.priority))
+                self.admission.enter(seq, self.hints)
             except QueueFull:
                 self.metrics.on_reject(seq.priority)
                 raise
@@ -195,34 +181,6 @@ class Engine:
         """Cancel every queued and running request (end of a drain)."""
         self._cancel_message = message
         self._inbox.put(("cancel_all", None))  # type: ignore[arg-type]
-
-    def _retry_hint_ms(self, priority: Priority, depth: int) -> int:
-        """Rough time for the queue ahead to drain: backlog x typical request latency.
-
-        NOTE: the typical latency comes from a metrics snapshot, which is costly;
-        it is refreshed at most every ``RETRY_HINT_TTL_S`` so a flood of rejected
-        requests costs little each.
-        """
-        now = time.monotonic()
-        at, e2e = self._hints.get(priority, (-1.0, 0.0))
-        if now - at > RETRY_HINT_TTL_S:
-            e2e = self.metrics.snapshot()["tiers"][priority]["e2e"]["p50_ms"] or 1000.0
-            self._hints[priority] = (now, e2e)
-        backlog = depth / max(self.config.max_running, 1)
-        return int(min(60_000, max(100.0, e2e * max(backlog, 0.1))))
-
-    def _check_deadline(self, seq: Sequence) -> None:
-        """Shed a request that would wait out its deadline: a full round of queued work is ahead
-        and the estimated wait exceeds the time left."""
-        if seq.deadline is None:
-            return
-        depth = self.admission.depth(seq.priority)
-        if depth < self.config.max_running:
-            return
-        wait = self._retry_hint_ms(seq.priority, depth)
-        left = int((seq.deadline - time.monotonic()) * 1e3)
-        if wait > left:
-            raise DeadlineUnmeetable(seq.priority, wait, max(left, 0))
 
     # -- engine thread ---------------------------------------------------------------------
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -322,6 +280,9 @@ class Engine:
         logits, sampling = self._forward(plan)
         sampled = self._sample(sampling, logits)
         finished = self.scheduler.update(plan, sampled)
+        if self._appender.forced:
+            self.metrics.on_mask(0.0, 0, self._appender.forced)
+            self._appender.forced = 0
         self._emit(plan, sampled, finished, events)
         if self.step_hook is not None:
             self.step_hook(self)
@@ -370,63 +331,6 @@ class Engine:
                 if s.first_token_time is None:
                     self.telemetry.on_first_token(s)
         return {s.uid: int(t) for s, t in zip(seqs, tokens, strict=True)}
-
-    # -- per-token bookkeeping (called by Scheduler.update) -------------------------------
-    def _append_token(self, seq: Sequence, token: int) -> FinishReason | None:
-        """Append a sampled token (and any tokens the grammar then forces); say why it finished.
-
-        A failure here (grammar, detokenizer, a row that could not be sampled)
-        ends this sequence only, with an error event.
-        """
-        if token < 0:  # sampling this row failed (see sample_rows_guarded); seq.error says why
-            return FinishReason.ERROR
-        try:
-            return self._append_tokens(seq, token)
-        except Exception as exc:
-            log.exception("processing a sampled token failed")
-            seq.error, seq.error_status = f"processing token {token} failed: {type(exc).__name__}: {exc}", "INTERNAL"
-            return FinishReason.ERROR
-
-    def _append_tokens(self, seq: Sequence, token: int) -> FinishReason | None:
-        reason = self._append_one(seq, token)
-        if reason is None and seq.matcher is not None:
-            # NOTE: fast-forward: tokens the grammar forces are appended uncomputed,
-            # so the next step computes them in one chunk instead of sampling each.
-            forced = seq.matcher.forced_tokens()
-            for t in forced:
-                reason = self._append_one(seq, t)
-                if reason is not None:
-                    break
-            if forced:
-                self.metrics.on_mask(0.0, 0, len(forced))
-        return reason
-
-    def _append_one(self, seq: Sequence, token: int) -> FinishReason | None:
-        if seq.matcher is not None and (err := seq.matcher.error()) is not None:
-            seq.error, seq.error_status = f"grammar failed: {err}", getattr(err, "status", "INTERNAL")
-            return FinishReason.ERROR
-        seq.token_ids.append(token)
-        if token in self.eog_ids and not seq.params.ignore_eos:
-            return FinishReason.STOP  # counted in usage, never sent as output
-        seq.out_tokens.append(token)
-        if seq.matcher is not None:
-            try:
-                seq.matcher.consume(token)
-            except Exception as exc:
-                seq.error = f"grammar rejected token {token}: {exc}"
-                seq.error_status = getattr(exc, "status", "INTERNAL")
-                return FinishReason.ERROR
-            if seq.keys is not None:
-                seq.keys.feed(self.runner.vocab.token_bytes[token])
-        if seq.text is not None:
-            seq.out_text += seq.text.push(token)
-            if seq.text.stopped:
-                return FinishReason.STOP
-        if seq.matcher is not None and seq.matcher.is_stopped():
-            return FinishReason.STOP
-        if seq.num_generated >= seq.params.max_tokens:
-            return FinishReason.LENGTH
-        return None
 
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list) -> None:
@@ -509,20 +413,3 @@ class Engine:
             seqs = list(self._live.values())
         message = f"engine failed ({cause}); retry on another replica"
         self._dispatch([(s, Error("UNAVAILABLE", message)) for s in seqs])
-
-
-def sample_rows_guarded(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-    """``sample_rows``; if a row cannot be sampled, that row gets -1 and its sequence an error."""
-    try:
-        return sample_rows(logits, [s.params for s in seqs], [s.rng for s in seqs])  # type: ignore[misc]
-    except Exception:
-        out = np.empty(len(seqs), dtype=np.int64)
-        for i, s in enumerate(seqs):
-            try:
-                out[i] = sample_rows(logits[i : i + 1], [s.params], [s.rng])[0]  # type: ignore[list-item]
-            except Exception as exc:
-                log.exception("sampling a row failed")
-                s.error, s.error_status = f"sampling failed: {type(exc).__name__}: {exc}", "INTERNAL"
-                out[i] = -1
-        return out
-

