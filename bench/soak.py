@@ -176,13 +176,16 @@ async def drive(srv: GrpcServer, work: Workload, args: argparse.Namespace) -> di
 
 
 def _git_dirty() -> bool:
-    """Whether service/ differs from HEAD (the server ran the working tree)."""
+    """Whether service/ differs from HEAD at the start (the server runs the working tree)."""
     cmd = ["git", "status", "--porcelain", "--untracked-files=no", "--", "service"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     return bool(out.stdout.strip())
 
 
-def build_doc(args: argparse.Namespace, run: dict[str, Any], cpu_s: float) -> dict[str, Any]:
+def build_doc(
+    args: argparse.Namespace, machine: dict[str, Any], run: dict[str, Any], cpu_s: float
+) -> dict[str, Any]:
+    """The soak.json document; ``machine`` was taken before the server started."""
     tally: Tally = run["tally"]
     samples = run["samples"]
     slope = slope_mib_per_min(samples, WARMUP_S)
@@ -199,12 +202,7 @@ def build_doc(args: argparse.Namespace, run: dict[str, Any], cpu_s: float) -> di
     return {
         "name": "soak",
         "title": "Soak: RssAnon slope and errors under mixed load",
-        "machine": machine_info(args.model, quick=args.minutes < 10)
-        | {
-            "threads": args.threads,
-            "git_dirty_service": _git_dirty(),
-            "loadavg_at_end": list(os.getloadavg()),
-        },
+        "machine": machine | {"loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
         "config": {
             "minutes": args.minutes,
             "workers": args.workers,
@@ -259,10 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     say(
         f"soak: {args.minutes:g} min, {args.workers} workers, server --threads {args.threads}, {args.model.name}"
     )
+    machine = machine_info(args.model, quick=args.minutes < 10)
+    machine.update(threads=args.threads, git_dirty_service=_git_dirty())
     cpu0 = sum(os.times()[:2])
     with GrpcServer("soak", args.model, threads=args.threads) as srv:
         run = asyncio.run(drive(srv, work, args))
-    doc = build_doc(args, run, sum(os.times()[:2]) - cpu0)
+    doc = build_doc(args, machine, run, sum(os.times()[:2]) - cpu0)
     path = write_result("soak", doc)
     say(soak_report.render(doc))
     say(f"wrote {path} (server log: {srv.log_path})")

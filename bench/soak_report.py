@@ -68,6 +68,8 @@ def render(doc: dict[str, Any]) -> str:
             ],
         ),
         "",
+        f"{doc['requests']['total']} requests in {doc['load_s']:.0f} s; server: "
+        f"{after.get('prompt_tokens_total', '-')} prompt tokens, {after.get('generated_tokens_total', '-')} generated",
         outcome_table(doc["requests"]["by_action"]),
         "",
         f"unexpected errors: {doc['unexpected_errors']['count']} (target 0: {_yes(met['no_unexpected_errors'])})",
