@@ -43,6 +43,13 @@ def tenant_metrics(tenancy: Any) -> list[pb.TenantMetrics]:
     ]
 
 
+def _grammar_cache(grammar: Any) -> dict[str, int]:
+    if grammar is None:
+        return {}
+    stats = grammar.cache_stats()
+    return {"cache_entries": stats["entries"], "cache_bytes": stats["bytes"], "cache_evictions": stats["evictions"]}
+
+
 def metrics_response(engine: Any, grammar: Any = None, tenancy: Any = None) -> pb.GetMetricsResponse:
     """A consistent-enough snapshot: counters from the metrics lock, gauges read as they are."""
     snap = engine.metrics.snapshot()
@@ -113,6 +120,7 @@ def metrics_response(engine: Any, grammar: Any = None, tenancy: Any = None) -> p
             mask_us_p99=g["mask_us_p99"],
             constrained_tokens=g["constrained_tokens"],
             forced_tokens=g["forced_tokens"],
+            **_grammar_cache(grammar),
         ),
         model=engine.runner.model_path.name,
         tenants=tenant_metrics(tenancy),
