@@ -117,3 +117,26 @@ def assert_same_greedy(
                 f"token {k}: {x} vs {y}; reference logits {sorted(best.items(), key=lambda kv: -kv[1])[:3]}"
             )
             return
+
+
+def preempt_reject_cancel(ch: grpc.Channel) -> dict[str, pb.GenerateResponse]:
+    """On a server with max_running=1 and a batch queue of 1: a batch request that is preempted
+    by an interactive one and then cancelled, one queued then cancelled, one refused (queue
+    full), one interactive completed. Returns each request's final event."""
+    stream = OpenStream(ch)
+    stream.send(req("long", "Once upon a time", 400, ignore_eos=True, priority=pb.PRIORITY_BATCH))
+    assert stream.next_event().WhichOneof("event") == "delta"  # running, out of the batch queue
+    stream.send(req("queued", "Hello", 4, priority=pb.PRIORITY_BATCH))  # fills the batch queue
+    stream.send(req("refused", "Hello", 4, priority=pb.PRIORITY_BATCH))
+    stream.send(req("urgent", "Quick:", 3, ignore_eos=True))  # preempts "long" (max_running=1)
+    finals: dict[str, pb.GenerateResponse] = {}
+    while "urgent" not in finals or "refused" not in finals:
+        ev = stream.next_event()
+        if ev.WhichOneof("event") != "delta":
+            finals[ev.request_id] = ev
+    for rid in ("long", "queued"):
+        stream.send(pb.GenerateRequest(request_id=rid, cancel=True))
+    stream.close()
+    stream.join()
+    return finals
+

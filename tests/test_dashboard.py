@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.server import InferenceServer
 from service.telemetry_setup import make_telemetry
 from tests.conftest import server_config
-from tests.helpers import OpenStream, req, run_stream
+from tests.helpers import preempt_reject_cancel, req, run_stream
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "inference.json"
@@ -150,21 +150,7 @@ class PromServer:
 def _traffic(target: str) -> dict[str, Any]:
     """Completed, preempted, cancelled and queue-full requests of both tiers; the final events."""
     with grpc.insecure_channel(target) as ch:
-        stream = OpenStream(ch)
-        stream.send(req("long", "Once upon a time", 400, ignore_eos=True, priority=pb.PRIORITY_BATCH))
-        assert stream.next_event().WhichOneof("event") == "delta"  # running, out of the batch queue
-        stream.send(req("queued", "Hello", 4, priority=pb.PRIORITY_BATCH))  # fills the batch queue
-        stream.send(req("refused", "Hello", 4, priority=pb.PRIORITY_BATCH))
-        stream.send(req("urgent", "Quick:", 3, ignore_eos=True))  # preempts "long" (max_running=1)
-        finals: dict[str, Any] = {}
-        while "urgent" not in finals or "refused" not in finals:
-            ev = stream.next_event()
-            if ev.WhichOneof("event") != "delta":
-                finals[ev.request_id] = ev
-        for rid in ("long", "queued"):
-            stream.send(pb.GenerateRequest(request_id=rid, cancel=True))
-        stream.close()
-        stream.join()
+        finals = preempt_reject_cancel(ch)
         done = run_stream(ch, [req("b-done", "Colours:", 4, ignore_eos=True, priority=pb.PRIORITY_BATCH)])
     assert done["b-done"].done is not None
     return finals

@@ -314,14 +314,24 @@ def test_stalled_step_fails_requests_and_keeps_the_context_while_the_thread_runs
 SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
 
 
+def unread_stream(ch: grpc.Channel, rid: str, n: int) -> Any:
+    """A Generate call for ``n`` tokens whose client reads one event and then stops reading.
+
+    NOTE: a small HTTP/2 window (SMALL_WINDOW) makes the transport full after a few
+    messages, so the server's own backlog grows as it would behind a slow client.
+    """
+    call = pb_grpc.InferenceServiceStub(ch).Generate(
+        iter([req(rid, "Count to a thousand:", n, ignore_eos=True)]), timeout=120
+    )
+    next(call)
+    return call
+
+
 def test_unread_stream_pauses_resumes_and_others_are_unaffected() -> None:
-    srv = start_server(stream_backlog=16, stream_stall_timeout_s=60.0)
+    srv = start_server(stream_backlog=16, stream_stall_timeout_s=60.0, threads=1)  # see test_fuzz
     try:
         with grpc.insecure_channel(srv.target, options=SMALL_WINDOW) as ch:
-            stub = pb_grpc.InferenceServiceStub(ch)
-            call = stub.Generate(iter([req("slow", "Count to a thousand:", 300, ignore_eos=True)]), timeout=120)
-            next(call)  # the stream is live; then the client stops reading
-            seq = None
+            call = unread_stream(ch, "slow", 300)
             assert wait_for(lambda: any(s.paused for s in srv.engine.scheduler.running + srv.engine.scheduler.waiting))
             seq = next(s for s in srv.engine.scheduler.running + srv.engine.scheduler.waiting if s.paused)
             held = seq.num_generated
@@ -337,12 +347,10 @@ def test_unread_stream_pauses_resumes_and_others_are_unaffected() -> None:
 
 
 def test_stream_left_unread_past_the_stall_timeout_is_cancelled() -> None:
-    srv = start_server(stream_backlog=16, stream_stall_timeout_s=2.0)
+    srv = start_server(stream_backlog=16, stream_stall_timeout_s=2.0, threads=1)
     try:
         with grpc.insecure_channel(srv.target, options=SMALL_WINDOW) as ch:
-            stub = pb_grpc.InferenceServiceStub(ch)
-            call = stub.Generate(iter([req("stall", "Count to a thousand:", 1000, ignore_eos=True)]), timeout=120)
-            next(call)
+            call = unread_stream(ch, "stall", 1000)
             assert wait_for(lambda: not srv.engine.scheduler.has_work(), timeout=120)
             rest = collect(call)
         assert rest["stall"].error is not None and rest["stall"].error.status == "CANCELLED"

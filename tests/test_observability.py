@@ -37,7 +37,7 @@ from service.server import SERVICE_NAME, InferenceServer
 from service.telemetry import OTelTelemetry, Telemetry
 from service.telemetry_setup import make_telemetry, start_prometheus
 from tests.conftest import DEFAULT_MODEL, RunningServer, server_config, wait_idle
-from tests.helpers import OpenStream, req, run_stream
+from tests.helpers import OpenStream, preempt_reject_cancel, req, run_stream
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 TRACE_ID, PARENT_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
@@ -270,21 +270,7 @@ def test_request_span_is_child_of_rpc_span_of_caller_trace(traced: Traced) -> No
 @pytest.mark.model
 def test_preemption_rejection_and_cancellation_are_traced(traced: Traced) -> None:
     with grpc.insecure_channel(traced.srv.target) as ch:
-        stream = OpenStream(ch)
-        stream.send(req("long", "Once upon a time", 400, ignore_eos=True, priority=pb.PRIORITY_BATCH))
-        assert stream.next_event().WhichOneof("event") == "delta"  # running, out of the batch queue
-        stream.send(req("queued", "Hello", 4, priority=pb.PRIORITY_BATCH))  # fills the batch queue
-        stream.send(req("refused", "Hello", 4, priority=pb.PRIORITY_BATCH))
-        stream.send(req("urgent", "Quick:", 3, ignore_eos=True))  # preempts "long" (max_running=1)
-        finals: dict[str, Any] = {}
-        while "urgent" not in finals or "refused" not in finals:
-            ev = stream.next_event()
-            if ev.WhichOneof("event") != "delta":
-                finals[ev.request_id] = ev
-        for rid in ("long", "queued"):
-            stream.send(pb.GenerateRequest(request_id=rid, cancel=True))
-        stream.close()
-        stream.join()
+        finals = preempt_reject_cancel(ch)
     assert finals["refused"].error.status == "RESOURCE_EXHAUSTED"
     spans: dict[Any, Any] = {
         s.attributes.get("inference.request_id"): s  # type: ignore[union-attr]
