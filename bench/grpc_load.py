@@ -83,6 +83,8 @@ class Stream:
         self._pending: dict[str, tuple[asyncio.Future[ReqResult], list[Any]]] = {}
         self._write_lock = asyncio.Lock()  # one write at a time on the call
         self.stray: list[pb.GenerateResponse] = []  # events for ids not in flight (a second terminal event)
+        self.late: dict[str, float] = {}  # ids given up on by ``result`` -> their start (perf_counter)
+        self.late_answers: list[tuple[str, float, pb.GenerateResponse]] = []  # (id, seconds, terminal event)
         self._reader = asyncio.create_task(self._read())
 
     @property
@@ -103,6 +105,11 @@ class Stream:
 
     def _on_message(self, msg: pb.GenerateResponse) -> None:
         entry = self._pending.get(msg.request_id)
+        if entry is None and msg.request_id in self.late:  # answered after ``result`` gave up on it
+            if msg.WhichOneof("event") != "delta":
+                start = self.late.pop(msg.request_id)
+                self.late_answers.append((msg.request_id, time.perf_counter() - start, msg))
+            return
         if entry is None:
             if len(self.stray) < 100:
                 self.stray.append(msg)
@@ -169,6 +176,7 @@ class Stream:
             return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
         except TimeoutError:
             start = self._pending.pop(rid, (fut, [time.perf_counter(), None, 0]))[1]
+            self.late[rid] = start[0]
             now = time.perf_counter()
             return ReqResult(False, start[0], now, None, start[2], error=f"no answer in {timeout_s:.0f} s")
 
@@ -182,10 +190,11 @@ class Stream:
         self._call.cancel()
         self._fail_all(ABORTED)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """Half-close and wait up to ``timeout_s`` for the server to end the stream; then cancel it."""
         try:
             await self._call.done_writing()
-            await asyncio.wait_for(self._reader, timeout=30)
+            await asyncio.wait_for(self._reader, timeout=timeout_s)
         except (grpc.RpcError, TimeoutError, asyncio.CancelledError):
             self._call.cancel()
 

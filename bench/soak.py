@@ -35,7 +35,7 @@ from bench.common import ROOT, machine_info, say, set_results_dir, write_result
 from bench.grpc_load import channel, get_metrics
 from bench.procs import GrpcServer
 from bench.prompts import PromptMaker
-from bench.soak_load import Tally, Worker, Workload
+from bench.soak_load import REQUEST_TIMEOUT_S, Tally, Worker, Workload
 
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_SLOPE_MIB_PER_MIN = 1.0
@@ -221,6 +221,11 @@ def build_doc(
         },
         "requests": {"total": tally.total, "by_action": by_action},
         "unexpected_errors": {"count": tally.unexpected_total, "kept": tally.unexpected},
+        "slow": {
+            "limit_s": REQUEST_TIMEOUT_S,
+            "count": sum(1 for x in tally.slow if x["action"] != "late_answer"),
+            "events": tally.slow,
+        },
         "after_load": after,
         "target_met": met | {"all": all(met.values())},
         "samples": samples,

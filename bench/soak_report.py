@@ -77,6 +77,9 @@ def render(doc: dict[str, Any]) -> str:
             f"  t={u['t_s']:>6}s {u['action']}: {u['status']}: {u['message']}"
             for u in doc["unexpected_errors"]["kept"][:30]
         ),
+        f"slow (client gave up after {doc['slow']['limit_s']:.0f} s; answered later or cancelled, not hung): "
+        f"{doc['slow']['count']}",
+        *(f"  {x.get('t_s', '')} {x['action']}: {x['message']}" for x in doc["slow"]["events"][:20]),
         f"after the load: {_after(after)} (idle: {_yes(met['idle_after_load'])})",
         f"TARGET {'MET' if met['all'] else 'MISSED'}",
     ]
