@@ -186,9 +186,10 @@ def kv_memory(fig: Figure, data: Data) -> None:
 
 
 def _plain_log_ticks(axis: Any) -> None:
-    """Log-axis ticks at 1, 2, 5 x 10^k written as plain numbers."""
+    """Log-axis ticks at 1, 2, 5 x 10^k written as plain numbers (thousands as "10k": short labels
+    do not run into each other at the top of a decade)."""
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v >= 1000 else f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 
 
