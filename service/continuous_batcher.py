@@ -212,6 +212,7 @@ class Engine:
             self._fail_step(f"engine step failed: {type(exc).__name__}: {exc}")
         finally:
             self.step_started = None
+            self._current = None  # a later failure must not reach back to this step's plan
 
     def _drain_inbox(self, block: bool) -> None:
         try:
