@@ -32,7 +32,9 @@ def test_reflection_lists_and_describes_everything(server: RunningServer) -> Non
         assert {SERVICE, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
         svc = pool.FindServiceByName(SERVICE)
         methods = {m.name: m for m in svc.methods}
-        assert set(methods) == {"Generate", "GenerateJSON", "GetMetrics"}
+        assert set(methods) == {
+            "Generate", "GenerateJSON", "GetMetrics", "Tokenize", "Detokenize", "CountTokens", "GetModelInfo"
+        }
         gen = methods["Generate"]
         assert gen.client_streaming and gen.server_streaming
         req = gen.input_type
