@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-stubs: $(GEN)/inference_pb2.py
+stubs: $(GEN)/inference_pb2.py $(GEN)/batch_pb2.py
 
 # The proto is mapped to inference/v1/inference.proto so the stubs form the package `inference.v1`.
 $(GEN)/inference_pb2.py: protos/inference.proto
@@ -40,6 +40,17 @@ $(GEN)/inference_pb2.py: protos/inference.proto
 	$(PY) -m grpc_tools.protoc -Iinference/v1=protos --python_out=clients/python \
 		--pyi_out=clients/python --grpc_python_out=clients/python protos/inference.proto
 	touch clients/python/inference/__init__.py $(GEN)/__init__.py
+
+# NOTE: batch.proto imports "inference.proto" (buf's module root is protos/); for Python it must be
+# inference/v1/inference.proto, so both files are staged under build/protos/inference/v1 with the import
+# rewritten (compiling only batch.proto: inference_pb2 stays the rule above's).
+$(GEN)/batch_pb2.py: protos/batch.proto protos/inference.proto $(GEN)/inference_pb2.py
+	rm -rf build/protos && mkdir -p build/protos/inference/v1
+	cp protos/inference.proto build/protos/inference/v1/
+	sed 's|^import "inference.proto";|import "inference/v1/inference.proto";|' protos/batch.proto \
+		> build/protos/inference/v1/batch.proto
+	$(PY) -m grpc_tools.protoc -Ibuild/protos --python_out=clients/python --pyi_out=clients/python \
+		--grpc_python_out=clients/python build/protos/inference/v1/batch.proto
 
 model: $(DEFAULT_MODEL)
 $(DEFAULT_MODEL):
