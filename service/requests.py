@@ -58,20 +58,7 @@ class RequestBuilder:
 
     def prompt_ids(self, prompt: str, messages: list[pb.ChatMessage]) -> list[int]:
         """Token ids of the raw prompt or the rendered chat; exactly one must be given."""
-        if prompt and messages:
-            raise BadRequest("set either prompt or messages, not both")
-        if messages:
-            try:
-                text = self.template.render([(m.role, m.content) for m in messages])
-            except ChatTemplateError as exc:
-                raise BadRequest(str(exc)) from exc
-            # A template that writes BOS itself must not get a second one.
-            has_bos = bool(self.vocab.bos_text) and text.startswith(self.vocab.bos_text)
-            ids = self.vocab.tokenize(text, add_special=not has_bos, parse_special=True)
-        elif prompt:
-            ids = self.vocab.tokenize(prompt, add_special=True, parse_special=False)
-        else:
-            raise BadRequest("prompt is empty (set prompt or messages)")
+        ids = self.render_tokens(prompt, messages)[1]
         if not ids:
             raise BadRequest("prompt is empty after tokenization")
         if len(ids) >= self.limits.max_context:
@@ -80,6 +67,39 @@ class RequestBuilder:
                 "(prompt plus generated tokens)"
             )
         return ids
+
+    def render_tokens(
+        self,
+        prompt: str,
+        messages: list[pb.ChatMessage],
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        field: str = "prompt",
+    ) -> tuple[str, list[int]]:
+        """The text Generate tokenizes (``prompt``, or the rendered chat) and its token ids.
+
+        Unset flags take Generate's choice: a raw prompt gets BOS (if the model
+        wants one) and no special-token parsing; a rendered chat parses special
+        tokens and gets BOS unless the template wrote it. ``field`` names the
+        raw-text field in error messages (Tokenize calls it ``text``).
+        """
+        if prompt and messages:
+            raise BadRequest(f"set either {field} or messages, not both")
+        if messages:
+            try:
+                text = self.template.render([(m.role, m.content) for m in messages])
+            except ChatTemplateError as exc:
+                raise BadRequest(str(exc)) from exc
+            # A template that writes BOS itself must not get a second one.
+            has_bos = bool(self.vocab.bos_text) and text.startswith(self.vocab.bos_text)
+            add, parse = not has_bos, True
+        elif prompt:
+            text, add, parse = prompt, True, False
+        else:
+            raise BadRequest(f"{field} is empty (set {field} or messages)")
+        add = add if add_special is None else add_special
+        parse = parse if parse_special is None else parse_special
+        return text, self.vocab.tokenize(text, add_special=add, parse_special=parse)
 
     def sampling(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool = False) -> SamplingParams:
         """Validated sampling parameters; unset fields take the documented defaults."""
