@@ -74,6 +74,37 @@ def _meta(model: Any, key: str) -> str | None:
     return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
+def _meta_scalars(model: Any) -> dict[str, str]:
+    """Every scalar GGUF metadata entry (llama.cpp keeps no arrays here), as text."""
+    out: dict[str, str] = {}
+    for i in range(L.llama_model_meta_count(model)):
+        key = _by_index(L.llama_model_meta_key_by_index, model, i)
+        value = _by_index(L.llama_model_meta_val_str_by_index, model, i)
+        if key is not None and value is not None:
+            out[key] = value
+    return out
+
+
+def _by_index(fn: Any, model: Any, i: int) -> str | None:
+    buf = ctypes.create_string_buffer(1 << 12)
+    n = fn(model, i, buf, len(buf))
+    if n >= len(buf):  # snprintf semantics: the full length; retry with room for it
+        buf = ctypes.create_string_buffer(n + 1)
+        n = fn(model, i, buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+# llama.cpp's file types (GGUF general.file_type) by number: "Q4_1", "Q4_K_M", "F16", ...
+FILE_TYPES: dict[int, str] = {
+    getattr(L, n): n.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
+    for n in dir(L)
+    if n.startswith("LLAMA_FTYPE_") and n != "LLAMA_FTYPE_GUESSED"
+}
+# Named special tokens, as llama_vocab_<name> returns them (GetModelInfo's order).
+SPECIAL_TOKEN_NAMES: tuple[str, ...] = ("bos", "eos", "eot", "sep", "pad", "mask")  # (llama_vocab_cls is BOS)
+SPECIAL_TOKEN_NAMES += ("fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+
+
 class Vocab:
     """Tokenizer, token byte pieces, end-of-generation ids and the chat template."""
 
@@ -125,6 +156,26 @@ class Vocab:
         from llguidance.llamacpp import lltokenizer_from_vocab
 
         return lltokenizer_from_vocab(self.ptr, eos_token=sorted(self.eog_ids) or self.eos_id)
+
+    def piece(self, token: int, special: bool) -> bytes:
+        """The bytes of ``token``; ``special`` renders control tokens (BOS, chat markers) as their text.
+
+        NOTE: llama.cpp renders a control token as nothing unless asked for its
+        text, and every other token the same either way: only empty pieces differ.
+        """
+        data = self.token_bytes[token]
+        return self._piece(token, special=True) if special and not data else data
+
+    def special_tokens(self) -> list[tuple[str, int, bytes]]:
+        """``(name, id, text)`` of the named special tokens the vocabulary has, then the other
+        end-of-generation tokens as "eog"."""
+        found = []
+        for name in SPECIAL_TOKEN_NAMES:
+            token = int(getattr(L, f"llama_vocab_{name}")(self.ptr))
+            if 0 <= token < self.n_vocab:
+                found.append((name, token, self.piece(token, special=True)))
+        named = {t for _, t, _ in found}
+        return found + [("eog", t, self.piece(t, special=True)) for t in sorted(self.eog_ids - named)]
 
 
 def chat_formatter(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict[str, Any]]], str]:
@@ -251,6 +302,32 @@ class ModelRunner:
 
     def clear_kv(self) -> None:
         L.llama_memory_clear(self.mem, True)
+
+    def model_info(self) -> dict[str, Any]:
+        """Facts about the loaded model for GetModelInfo, as plain values.
+
+        Keys: architecture, name, parameter_count, quantization, description,
+        embedding_length, layers, training_context, file_size_bytes, metadata
+        (every scalar GGUF entry as text).
+        """
+        meta = _meta_scalars(self.model)
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.model, buf, len(buf))
+        desc = buf.value.decode("utf-8", "replace")
+        ftype = meta.get("general.file_type", "")
+        quant = FILE_TYPES.get(int(ftype), "") if ftype.isdigit() else ""
+        return {
+            "architecture": meta.get("general.architecture", ""),
+            "name": meta.get("general.name", ""),
+            "parameter_count": int(L.llama_model_n_params(self.model)),
+            "quantization": quant or desc.rsplit(" ", 1)[-1],  # no file_type: llama.cpp's guess
+            "description": desc,
+            "embedding_length": int(L.llama_model_n_embd(self.model)),
+            "layers": int(L.llama_model_n_layer(self.model)),
+            "training_context": int(self.n_ctx_train),
+            "file_size_bytes": self.model_path.stat().st_size,
+            "metadata": meta,
+        }
 
     def close(self) -> None:
         if self.ctx:

@@ -24,6 +24,7 @@ from service.events import Delta, Done, Error
 from service.generate_stream import GenerateStream, StreamLimits
 from service.grammar_service import GrammarService
 from service.metrics_view import metrics_response
+from service.model_api import ModelApi, model_api_for
 from service.priority import QueueFull
 from service.protos import done_proto
 from service.requests import BadRequest, RequestBuilder
@@ -44,6 +45,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     engine: Engine
     builder: RequestBuilder
     grammar: GrammarService
+    model_api: ModelApi
 
     def __init__(self, telemetry: Telemetry, stream_limits: StreamLimits | None = None) -> None:
         self.telemetry = telemetry
@@ -53,6 +55,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     def attach(self, engine: Engine, builder: RequestBuilder, grammar: GrammarService) -> None:
         self.engine, self.builder, self.grammar = engine, builder, grammar
+        self.model_api = model_api_for(engine, builder)  # starts hashing the model file
         self.ready = True
 
     async def _check_ready(self, context: grpc.aio.ServicerContext) -> None:
@@ -220,3 +223,25 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly")
         return metrics_response(self.engine, self.grammar, self.tenancy)
+
+    # -- Tokenize / Detokenize / CountTokens / GetModelInfo (service.model_api) ------------------
+    async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._model_call(context, self.model_api.tokenize, request)
+
+    async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._model_call(context, self.model_api.detokenize, request)
+
+    async def CountTokens(self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._model_call(context, self.model_api.count_tokens, request)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._model_call(context, lambda _request: self.model_api.model_info(), request)
+
+    async def _model_call(self, context: grpc.aio.ServicerContext, call: Any, request: Any) -> Any:
+        """Answer a model RPC once the model is loaded; a BadRequest becomes its status."""
+        if not self.ready:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly")
+        try:
+            return await call(request)
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode[exc.status], str(exc))
