@@ -1,0 +1,1 @@
+"""Durable batch jobs (inference.v1.BatchService): store, scheduler and gRPC translator."""

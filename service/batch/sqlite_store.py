@@ -1,0 +1,464 @@
+"""``JobStore`` on SQLite in WAL mode (the embedded default, ``--batch-db``).
+
+One table of jobs, one of items (with their results), one of upload errors.
+Every write is one ``BEGIN IMMEDIATE`` transaction, committed before the
+method returns.
+
+NOTE: ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a
+crash of the process (kill -9) but the last ones may be lost if the machine
+loses power; ``durable=True`` (``synchronous=FULL``) also survives that, at an
+fsync per commit.
+
+Thread safety: one connection behind a lock; the service calls it from one
+executor thread so the event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from service.batch.store import (
+    MAX_ERRORS_SHOWN,
+    TERMINAL,
+    Claim,
+    Counts,
+    ItemError,
+    ItemResult,
+    ItemState,
+    Job,
+    JobSpec,
+    JobState,
+    JobStore,
+    NewItem,
+    StoredResult,
+    Usage,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, display_name TEXT NOT NULL, metadata TEXT NOT NULL,
+    window_s INTEGER NOT NULL, priority INTEGER NOT NULL, idem_key TEXT NOT NULL, state TEXT NOT NULL,
+    times TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL, ended_at REAL,
+    failure TEXT NOT NULL DEFAULT '', done_seq INTEGER NOT NULL DEFAULT 0);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key != '';
+CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs(tenant, created_at, id);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, priority, created_at);
+CREATE TABLE IF NOT EXISTS items (
+    job_id TEXT NOT NULL, custom_id TEXT NOT NULL, line INTEGER NOT NULL, request BLOB NOT NULL,
+    sort_key BLOB NOT NULL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, done_seq INTEGER,
+    text TEXT NOT NULL DEFAULT '', finish_reason TEXT NOT NULL DEFAULT '',
+    prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0, queue_ms REAL NOT NULL DEFAULT 0,
+    ttft_ms REAL NOT NULL DEFAULT 0, total_ms REAL NOT NULL DEFAULT 0,
+    error_status TEXT NOT NULL DEFAULT '', error_message TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (job_id, custom_id));
+CREATE INDEX IF NOT EXISTS items_queue ON items(job_id, state, sort_key, line);
+CREATE INDEX IF NOT EXISTS items_done ON items(job_id, done_seq);
+CREATE TABLE IF NOT EXISTS job_errors (
+    job_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, status TEXT NOT NULL,
+    message TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS job_errors_job ON job_errors(job_id, line);
+"""
+RESULT_COLUMNS = (
+    "text, finish_reason, prompt_tokens, completion_tokens, cached_tokens, queue_ms, ttft_ms, total_ms, "
+    "error_status, error_message"
+)
+OPEN = (ItemState.QUEUED.value, ItemState.RUNNING.value)
+
+
+class SqliteJobStore(JobStore):
+    """SQLite implementation of ``JobStore`` (``path`` ":memory:" for a private in-memory store)."""
+
+    def __init__(
+        self,
+        path: str,
+        retention_s: float = 7 * 24 * 3600,
+        clock: Callable[[], float] = time.time,
+        durable: bool = False,
+    ) -> None:
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.clock = clock
+        self.retention_s = retention_s
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- upload -------------------------------------------------------------------------------
+    def create_job(self, spec: JobSpec) -> tuple[Job, bool]:
+        now = self.clock()
+        with self._tx() as db:
+            if spec.idempotency_key:
+                row = db.execute(
+                    "SELECT id FROM jobs WHERE tenant=? AND idem_key=?", (spec.tenant, spec.idempotency_key)
+                ).fetchone()
+                if row is not None:
+                    job = self._job(db, row[0], errors=True)
+                    assert job is not None
+                    return job, False
+            job_id = "batch_" + uuid.uuid4().hex
+            times = {JobState.VALIDATING.value: now}
+            db.execute(
+                "INSERT INTO jobs (id, tenant, display_name, metadata, window_s, priority, idem_key, state, "
+                "times, created_at, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, spec.tenant, spec.display_name, json.dumps(spec.metadata), spec.completion_window_s,
+                 spec.priority, spec.idempotency_key, JobState.VALIDATING.value, json.dumps(times), now,
+                 now + spec.completion_window_s),
+            )
+            job = self._job(db, job_id, errors=True)
+        assert job is not None
+        return job, True
+
+    def add_items(self, job_id: str, items: list[NewItem]) -> list[NewItem]:
+        refused: list[NewItem] = []
+        with self._tx() as db:
+            for it in items:
+                state, err = (ItemState.QUEUED, None) if it.error is None else (ItemState.FAILED, it.error)
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO items (job_id, custom_id, line, request, sort_key, state, "
+                    "error_status, error_message) VALUES (?,?,?,?,?,?,?,?)",
+                    (job_id, it.custom_id, it.line, it.request, it.sort_key, state.value,
+                     err.status if err else "", err.message if err else ""),
+                )
+                if cur.rowcount == 0:
+                    refused.append(it)
+                elif err is not None:
+                    self._insert_errors(db, job_id, [err])
+                    self._mark_done(db, job_id, it.custom_id)
+        return refused
+
+    def add_errors(self, job_id: str, errors: list[ItemError]) -> None:
+        with self._tx() as db:
+            self._insert_errors(db, job_id, errors)
+
+    @staticmethod
+    def _insert_errors(db: sqlite3.Connection, job_id: str, errors: list[ItemError]) -> None:
+        db.executemany(
+            "INSERT INTO job_errors (job_id, line, custom_id, status, message) VALUES (?,?,?,?,?)",
+            [(job_id, e.line, e.custom_id, e.status, e.message) for e in errors],
+        )
+
+    def start_job(self, job_id: str) -> Job:
+        with self._tx() as db:
+            (runnable,) = db.execute(
+                "SELECT count(*) FROM items WHERE job_id=? AND state=?", (job_id, ItemState.QUEUED.value)
+            ).fetchone()
+            if runnable:
+                self._transition(db, job_id, JobState.IN_PROGRESS)
+            else:
+                (total,) = db.execute("SELECT count(*) FROM items WHERE job_id=?", (job_id,)).fetchone()
+                why = "every item of the job is invalid (see errors)" if total else "the job has no items"
+                db.execute("UPDATE jobs SET failure=? WHERE id=?", (why, job_id))
+                self._transition(db, job_id, JobState.FAILED)
+            job = self._job(db, job_id, errors=True)
+        assert job is not None
+        return job
+
+    def discard_job(self, job_id: str) -> None:
+        with self._tx() as db:
+            self._delete(db, job_id)
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, job_id: str) -> None:
+        for table, key in (("items", "job_id"), ("job_errors", "job_id"), ("jobs", "id")):
+            db.execute(f"DELETE FROM {table} WHERE {key}=?", (job_id,))
+
+    # -- reads --------------------------------------------------------------------------------
+    def get_job(self, tenant: str, job_id: str) -> Job | None:
+        with self._lock:
+            job = self._job(self._db, job_id, errors=True)
+        return job if job is not None and job.spec.tenant == tenant else None
+
+    def list_jobs(self, tenant: str, limit: int, page_token: str = "") -> tuple[list[Job], str]:
+        query = "SELECT id FROM jobs WHERE tenant=?"
+        args: list[Any] = [tenant]
+        if page_token:
+            created, _, last_id = page_token.partition("|")
+            query += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+            args += [float(created), float(created), last_id]
+        query += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        with self._lock:
+            ids = [r[0] for r in self._db.execute(query, (*args, limit + 1))]
+            jobs = [j for j in (self._job(self._db, i, errors=False) for i in ids[:limit]) if j is not None]
+        token = f"{jobs[-1].times[JobState.VALIDATING.value]!r}|{jobs[-1].id}" if len(ids) > limit else ""
+        return jobs, token
+
+    def results(
+        self, tenant: str, job_id: str, by_completion: bool, cursor: str, limit: int
+    ) -> list[StoredResult]:
+        if self.get_job(tenant, job_id) is None:
+            return []
+        done = tuple(s.value for s in (ItemState.COMPLETED, ItemState.FAILED, ItemState.CANCELLED))
+        if by_completion:
+            where, order, after = "done_seq > ?", "done_seq", int(cursor or 0)
+        else:
+            where, order, after = "custom_id > ?", "custom_id", cursor  # type: ignore[assignment]
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT custom_id, done_seq, state, attempts, {RESULT_COLUMNS} FROM items "
+                f"WHERE job_id=? AND state IN (?,?,?) AND {where} ORDER BY {order} LIMIT ?",
+                (job_id, *done, after, limit),
+            ).fetchall()
+        return [
+            StoredResult(r[0], str(r[1]) if by_completion else r[0], ItemState(r[2]), r[3], ItemResult(*r[4:]))
+            for r in rows
+        ]
+
+    def state_counts(self) -> dict[str, int]:
+        with self._lock:
+            out = {s.value: 0 for s in JobState}
+            out.update(dict(self._db.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()))
+            for state in OPEN:
+                (n,) = self._db.execute(
+                    "SELECT count(*) FROM items i JOIN jobs j ON j.id = i.job_id WHERE i.state=? AND j.state IN (?,?)",
+                    (state, JobState.IN_PROGRESS.value, JobState.CANCELLING.value),
+                ).fetchone()
+                out[f"{state}_items"] = n
+        return out
+
+    def _job(self, db: sqlite3.Connection, job_id: str, errors: bool) -> Job | None:
+        row = db.execute(
+            "SELECT tenant, display_name, metadata, window_s, priority, idem_key, state, times, expires_at, "
+            "ended_at, failure FROM jobs WHERE id=?",
+            (job_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        spec = JobSpec(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5])
+        ended = row[9]
+        job = Job(job_id, spec, JobState(row[6]), json.loads(row[7]), row[8],
+                  ended + self.retention_s if ended is not None else None, failure=row[10])
+        self._fill_counts(db, job)
+        (job.error_count,) = db.execute("SELECT count(*) FROM job_errors WHERE job_id=?", (job_id,)).fetchone()
+        if errors:
+            job.errors = [
+                ItemError(*r)
+                for r in db.execute(
+                    "SELECT line, custom_id, status, message FROM job_errors WHERE job_id=? ORDER BY line LIMIT ?",
+                    (job_id, MAX_ERRORS_SHOWN),
+                )
+            ]
+        return job
+
+    @staticmethod
+    def _fill_counts(db: sqlite3.Connection, job: Job) -> None:
+        counts, usage = Counts(), Usage()
+        for state, n, p, c, k in db.execute(
+            "SELECT state, count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens) "
+            "FROM items WHERE job_id=? GROUP BY state",
+            (job.id,),
+        ):
+            setattr(counts, state, n)
+            counts.total += n
+            usage.prompt_tokens += p or 0
+            usage.completion_tokens += c or 0
+            usage.cached_tokens += k or 0
+        job.counts, job.usage = counts, usage
+
+    # -- state changes ------------------------------------------------------------------------
+    def _transition(self, db: sqlite3.Connection, job_id: str, *states: JobState) -> None:
+        """Enter ``states`` in turn (each gets a timestamp); a final state also starts retention."""
+        now = self.clock()
+        (raw,) = db.execute("SELECT times FROM jobs WHERE id=?", (job_id,)).fetchone()
+        times = json.loads(raw)
+        for s in states:
+            times[s.value] = now
+        final = states[-1]
+        db.execute(
+            "UPDATE jobs SET state=?, times=?, ended_at=? WHERE id=?",
+            (final.value, json.dumps(times), now if final in TERMINAL else None, job_id),
+        )
+
+    def _mark_done(self, db: sqlite3.Connection, job_id: str, custom_id: str) -> None:
+        """Give a newly finished item the job's next completion-order number."""
+        db.execute("UPDATE jobs SET done_seq = done_seq + 1 WHERE id=?", (job_id,))
+        db.execute(
+            "UPDATE items SET done_seq = (SELECT done_seq FROM jobs WHERE id=?) WHERE job_id=? AND custom_id=?",
+            (job_id, job_id, custom_id),
+        )
+
+    def _close_if_done(self, db: sqlite3.Connection, job_id: str) -> None:
+        (state,) = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        (open_items,) = db.execute(
+            "SELECT count(*) FROM items WHERE job_id=? AND state IN (?,?)", (job_id, *OPEN)
+        ).fetchone()
+        if open_items:
+            return
+        if state == JobState.IN_PROGRESS.value:
+            self._transition(db, job_id, JobState.FINALIZING, JobState.COMPLETED)
+        elif state == JobState.CANCELLING.value:
+            self._transition(db, job_id, JobState.CANCELLED)
+
+    def _cancel_queued(self, db: sqlite3.Connection, job_id: str, status: str, message: str) -> None:
+        ids = [r[0] for r in db.execute(
+            "SELECT custom_id FROM items WHERE job_id=? AND state=? ORDER BY line", (job_id, ItemState.QUEUED.value)
+        )]
+        for cid in ids:
+            db.execute(
+                "UPDATE items SET state=?, error_status=?, error_message=? WHERE job_id=? AND custom_id=?",
+                (ItemState.CANCELLED.value, status, message, job_id, cid),
+            )
+            self._mark_done(db, job_id, cid)
+
+    def cancel_job(self, tenant: str, job_id: str) -> Job | None:
+        with self._tx() as db:
+            job = self._job(db, job_id, errors=False)
+            if job is None or job.spec.tenant != tenant:
+                return None
+            if job.state in (JobState.IN_PROGRESS, JobState.VALIDATING):
+                self._cancel_queued(db, job_id, "CANCELLED", "the batch was cancelled before this item ran")
+                self._transition(db, job_id, JobState.CANCELLING)
+                self._close_if_done(db, job_id)
+            job = self._job(db, job_id, errors=True)
+        return job
+
+    # -- running ------------------------------------------------------------------------------
+    def claim(self, limit: int) -> list[Claim]:
+        if limit <= 0:
+            return []
+        out: list[Claim] = []
+        with self._tx() as db:
+            jobs = db.execute(
+                "SELECT id, tenant, priority FROM jobs WHERE state=? ORDER BY priority DESC, created_at, id",
+                (JobState.IN_PROGRESS.value,),
+            ).fetchall()
+            for cls in sorted({j[2] for j in jobs}, reverse=True):
+                self._claim_round_robin(db, [(j[0], j[1]) for j in jobs if j[2] == cls], limit, out)
+        return out
+
+    def _claim_round_robin(
+        self, db: sqlite3.Connection, jobs: list[tuple[str, str]], limit: int, out: list[Claim]
+    ) -> None:
+        """Claim into ``out`` from ``jobs`` (oldest first), sharing the free slots between them.
+
+        NOTE: round-robin, a few items at a time, so one big job does not hold every slot;
+        within a job sort_key order keeps items with a shared prompt prefix together.
+        """
+        while jobs and len(out) < limit:
+            share = max(1, (limit - len(out)) // len(jobs))
+            still = []
+            for job_id, tenant in jobs:
+                take = min(share, limit - len(out))
+                rows = db.execute(
+                    "SELECT custom_id, request, attempts FROM items WHERE job_id=? AND state=? "
+                    "ORDER BY sort_key, line LIMIT ?",
+                    (job_id, ItemState.QUEUED.value, take),
+                ).fetchall()
+                for cid, request, attempts in rows:
+                    db.execute(
+                        "UPDATE items SET state=?, attempts=? WHERE job_id=? AND custom_id=?",
+                        (ItemState.RUNNING.value, attempts + 1, job_id, cid),
+                    )
+                    out.append(Claim(job_id, cid, tenant, request, attempts + 1))
+                if len(rows) == take:
+                    still.append((job_id, tenant))
+                if len(out) >= limit:
+                    return
+            jobs = still
+
+    def _current(self, db: sqlite3.Connection, claim: Claim) -> bool:
+        row = db.execute(
+            "SELECT state, attempts FROM items WHERE job_id=? AND custom_id=?", (claim.job_id, claim.custom_id)
+        ).fetchone()
+        return row is not None and row[0] == ItemState.RUNNING.value and row[1] == claim.attempt
+
+    def finish(self, claim: Claim, state: ItemState, result: ItemResult) -> bool:
+        r = result
+        with self._tx() as db:
+            if not self._current(db, claim):
+                return False
+            db.execute(
+                "UPDATE items SET state=?, text=?, finish_reason=?, prompt_tokens=?, completion_tokens=?, "
+                "cached_tokens=?, queue_ms=?, ttft_ms=?, total_ms=?, error_status=?, error_message=? "
+                "WHERE job_id=? AND custom_id=?",
+                (state.value, r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.cached_tokens,
+                 r.queue_ms, r.ttft_ms, r.total_ms, r.error_status, r.error_message, claim.job_id,
+                 claim.custom_id),
+            )
+            self._mark_done(db, claim.job_id, claim.custom_id)
+            self._close_if_done(db, claim.job_id)
+        return True
+
+    def requeue(self, claim: Claim) -> None:
+        with self._tx() as db:
+            if self._current(db, claim):
+                db.execute(
+                    "UPDATE items SET state=?, attempts=attempts - 1 WHERE job_id=? AND custom_id=?",
+                    (ItemState.QUEUED.value, claim.job_id, claim.custom_id),
+                )
+                self._stop_if_cancelled(db, claim.job_id)
+
+    def _stop_if_cancelled(self, db: sqlite3.Connection, job_id: str) -> None:
+        """A requeued item of a job that is cancelling or expired is cancelled instead."""
+        (state,) = db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if state == JobState.CANCELLING.value:
+            self._cancel_queued(db, job_id, "CANCELLED", "the batch was cancelled before this item finished")
+        elif state == JobState.EXPIRED.value:
+            self._cancel_queued(db, job_id, "DEADLINE_EXCEEDED", "the batch expired before this item finished")
+        self._close_if_done(db, job_id)
+
+    def recover(self) -> int:
+        with self._tx() as db:
+            broken = [r[0] for r in db.execute("SELECT id FROM jobs WHERE state=?", (JobState.VALIDATING.value,))]
+            for job_id in broken:
+                self._delete(db, job_id)
+            n = db.execute(
+                "UPDATE items SET state=? WHERE state=?", (ItemState.QUEUED.value, ItemState.RUNNING.value)
+            ).rowcount
+            for (job_id,) in db.execute(
+                "SELECT id FROM jobs WHERE state IN (?,?)", (JobState.CANCELLING.value, JobState.EXPIRED.value)
+            ).fetchall():
+                self._stop_if_cancelled(db, job_id)
+        return n
+
+    def sweep(self) -> None:
+        now = self.clock()
+        with self._tx() as db:
+            for (job_id,) in db.execute(
+                "SELECT id FROM jobs WHERE state=? AND expires_at <= ?", (JobState.IN_PROGRESS.value, now)
+            ).fetchall():
+                self._cancel_queued(db, job_id, "DEADLINE_EXCEEDED", "the batch expired before this item ran")
+                self._transition(db, job_id, JobState.EXPIRED)
+            for (job_id,) in db.execute(
+                "SELECT id FROM jobs WHERE ended_at IS NOT NULL AND ended_at + ? <= ?", (self.retention_s, now)
+            ).fetchall():
+                (running,) = db.execute(
+                    "SELECT count(*) FROM items WHERE job_id=? AND state=?", (job_id, ItemState.RUNNING.value)
+                ).fetchone()
+                if not running:  # an expired job's last running items are still being cancelled
+                    self._delete(db, job_id)
+
+    def stopping_jobs(self) -> set[str]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT j.id FROM jobs j JOIN items i ON i.job_id = j.id "
+                "WHERE j.state IN (?,?) AND i.state=?",
+                (JobState.CANCELLING.value, JobState.EXPIRED.value, ItemState.RUNNING.value),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
