@@ -25,6 +25,7 @@ import numpy as np
 
 from service.events import Delta, Done, Error
 from service.intake import RetryHints
+from service.logprobs import prompt_logprobs, token_logprob
 from service.metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
@@ -85,6 +86,7 @@ class Engine:
             append_token=self._appender,
             batch_prefill_budget=config.batch_prefill_budget,
             mixed_step_tokens=runner.mixed_batch_max,
+            prompt_rows=runner.prompt_rows,
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
@@ -292,6 +294,8 @@ class Engine:
         for item in plan.items:
             if self._left_queue(item.seq):
                 self.telemetry.on_scheduled(item.seq)
+                if item.seq.after is not None and item.seq.num_cached:
+                    self.metrics.on_shared_prefill()
         for seq, reason in zip(plan.preempted, plan.preempt_reasons, strict=True):
             self.telemetry.on_preempted(seq, reason)
 
@@ -306,7 +310,7 @@ class Engine:
             toks.extend(seq.token_ids[start : start + n])
             pos.append(np.arange(start, start + n))
             lanes.extend([seq.lane] * n)  # type: ignore[list-item]
-            want.extend([0] * (n - 1) + [1 if item.sample else 0])
+            want.extend([1] * n if item.echo else [0] * (n - 1) + [1 if item.sample else 0])
             if item.sample:
                 sampling.append(seq)
         logits = self.runner.decode(
@@ -314,7 +318,29 @@ class Engine:
         )
         prefill = sum(i.num_tokens for i in plan.items if not i.sample or i.num_tokens > 1)
         self.metrics.on_step(len(plan.items), prefill, len(sampling))
+        if any(i.echo for i in plan.items):
+            logits = self._score_prompts(plan, logits)
         return logits, sampling
+
+    def _score_prompts(self, plan: Plan, logits: np.ndarray) -> np.ndarray:
+        """Record prompt log-probabilities from echoing items' rows; return the sampling rows only."""
+        keep, r = [], 0
+        for item in plan.items:
+            if item.echo:
+                seq, start = item.seq, item.seq.num_computed
+                # Row j scores the token after position start + j; only prompt tokens not yet
+                # scored (a recompute after preemption scores nothing twice).
+                first = len(seq.prompt_logprobs) - start
+                last = min(item.num_tokens, seq.num_prompt_tokens - 1 - start)
+                if last > first >= 0:
+                    targets = seq.token_ids[start + first + 1 : start + last + 1]
+                    seq.prompt_logprobs += prompt_logprobs(
+                        logits[r + first : r + last], targets, seq.params.top_logprobs, self._appender.token_bytes
+                    )
+            r += item.num_rows
+            if item.sample:
+                keep.append(r - 1)
+        return logits[keep]  # NOTE: a copy, but only of the few sampling rows
 
     def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> dict[int, int]:
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
@@ -327,6 +353,12 @@ class Engine:
         if self.logits_hook is not None:
             self.logits_hook(seqs, logits)
         tokens = sample_rows_guarded(logits, seqs)
+        for i, s in enumerate(seqs):
+            if s.params.logprobs and tokens[i] >= 0:
+                p = s.params
+                s.pending_logprob = token_logprob(
+                    logits[i], int(tokens[i]), p.temperature, p.top_logprobs, self._appender.token_bytes
+                )
         if self.telemetry.enabled:
             for s in seqs:
                 if s.first_token_time is None:
@@ -340,9 +372,15 @@ class Engine:
             seq = item.seq
             if seq.uid in done and seq.text is not None and seq.finish_reason is not FinishReason.ERROR:
                 seq.out_text += seq.text.flush()
+            if seq.needs_prompt_rows and seq.prompt_done:
+                seq.prompt_logprobs_sent = True
+                if seq.prompt_logprobs:
+                    scored, seq.prompt_logprobs = tuple(seq.prompt_logprobs), []
+                    events.append((seq, Delta("", (), choice_index=seq.choice_index, prompt_logprobs=scored)))
             if seq.out_tokens or seq.out_text:
-                events.append((seq, Delta(seq.out_text, tuple(seq.out_tokens))))
-                seq.out_text, seq.out_tokens = "", []
+                delta = Delta(seq.out_text, tuple(seq.out_tokens), tuple(seq.out_logprobs), seq.choice_index)
+                events.append((seq, delta))
+                seq.out_text, seq.out_tokens, seq.out_logprobs = "", [], []
         for seq in finished:
             self.metrics.on_finish(seq)
             if seq.finish_reason is FinishReason.ERROR:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from service.sequence import FinishReason, Sequence
 
@@ -11,6 +12,9 @@ from service.sequence import FinishReason, Sequence
 class Delta:
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[Any, ...] = ()  # logprobs.TokenLogprob per token (when asked)
+    choice_index: int = 0
+    prompt_logprobs: tuple[Any, ...] = ()  # logprobs.TokenLogprob of prompt tokens 1.. (once)
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,7 @@ class Done:
     ttft_ms: float
     total_ms: float
     preemptions: int
+    choice_index: int = 0
 
     @classmethod
     def of(cls, seq: Sequence) -> Done:
@@ -41,6 +46,7 @@ class Done:
             ms(seq.first_token_time),
             ms(seq.finish_time),
             seq.preemptions,
+            seq.choice_index,
         )
 
 

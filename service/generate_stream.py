@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.choices import members
 from service.continuous_batcher import Draining
 from service.events import Delta, Done, Error
 from service.priority import QueueFull
-from service.protos import done_proto, error_proto, response_format
+from service.protos import delta_proto, done_proto, error_proto, response_format
 from service.requests import MAX_REQUEST_ID_BYTES, BadRequest
 from service.sequence import Sequence
 from service.wire import MALFORMED
@@ -62,7 +63,8 @@ class GenerateStream:
         self.context = context
         self.limits = limits
         self.out: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()
-        self.active: dict[str, Sequence | None] = {}  # None while the request is being prepared
+        self.active: dict[str, Sequence | None] = {}  # choice 0; None while the request is being prepared
+        self.remaining: dict[str, int] = {}  # choices of a request not ended yet (n > 1)
         self.cancelled: set[str] = set()  # cancelled while being prepared
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.reading = True
@@ -109,7 +111,7 @@ class GenerateStream:
     async def _start(self, req: pb.GenerateRequest) -> None:
         rid = req.request_id
         try:
-            seq = await self.sv.prepare(
+            seqs = await self.sv.prepare_choices(
                 rid,
                 req.prompt,
                 req.messages,
@@ -128,31 +130,53 @@ class GenerateStream:
         if rid in self.cancelled:  # cancelled while being prepared
             self._end(rid, done=pb.Done(finish_reason=pb.FINISH_REASON_CANCELLED))
             return
-        seq.emit = functools.partial(self.on_event, seq)
+        replay = await self.sv.cache.before_submit(seqs[0], req, gave_up=lambda: rid in self.cancelled)
+        if replay is not None:  # answered by the response cache (service.response_cache): no engine work
+            for delta in replay.deltas:
+                self._put(pb.GenerateResponse(request_id=rid, delta=delta))
+            self._end(rid, done=replay.done, error=replay.error)
+            return
+        submitted: list[Sequence] = []
         try:
-            self.sv.submit(seq)
-        except QueueFull as exc:
-            self._end(rid, error=("RESOURCE_EXHAUSTED", str(exc), exc.retry_after_ms, exc.quota))
+            for seq in seqs:
+                seq.emit = functools.partial(self.on_event, seq)
+                self.sv.submit(seq)
+                submitted.append(seq)
+        except (QueueFull, Draining) as exc:
+            for seq in submitted:  # their CANCELLED events find the request ended and are dropped
+                self.sv.engine.abort(seq)
+            if isinstance(exc, QueueFull):
+                self._end(rid, error=("RESOURCE_EXHAUSTED", str(exc), exc.retry_after_ms, exc.quota))
+            else:
+                self._end(rid, error=("UNAVAILABLE", str(exc), 1000))
             return
-        except Draining as exc:
-            self._end(rid, error=("UNAVAILABLE", str(exc), 1000))
-            return
-        self.active[rid] = seq
-        if self.paused:
+        self.active[rid] = seqs[0]
+        if len(seqs) > 1:
+            self.remaining[rid] = len(seqs)
+        for seq in seqs if self.paused else ():
             self.sv.engine.pause(seq, True)
 
     # -- engine events -----------------------------------------------------------------------
     def on_event(self, seq: Sequence, ev: Any) -> None:
         rid = seq.request_id
-        if self.active.get(rid) is not seq:
-            return  # the stream already ended this request (should not happen: delivery is exactly-once)
+        lead = self.active.get(rid)
+        if lead is None or seq not in members(lead):
+            return  # the request already ended (an Error of another choice, or a failed submit)
         if isinstance(ev, Delta):
-            self._put(pb.GenerateResponse(request_id=rid, delta=pb.Delta(text=ev.text, token_ids=ev.token_ids)))
+            self._put(pb.GenerateResponse(request_id=rid, delta=delta_proto(ev)))
             return
         self.sv.telemetry.on_finish(seq, ev)
         if isinstance(ev, Done):
-            self._end(rid, done=done_proto(ev))
+            left = self.remaining.get(rid, 1) - 1
+            if left > 0:  # a choice ended; the request goes on
+                self.remaining[rid] = left
+                self._put(pb.GenerateResponse(request_id=rid, done=done_proto(ev)))
+            else:
+                self._end(rid, done=done_proto(ev))
         elif isinstance(ev, Error):
+            for other in members(lead):  # one Error ends the whole request
+                if other is not seq:
+                    self.sv.engine.abort(other)
             self._end(rid, error=(ev.status, ev.message, 0))
 
     def _cancel(self, rid: str) -> None:
@@ -166,7 +190,8 @@ class GenerateStream:
         if seq is None:
             self.cancelled.add(rid)
         else:
-            self.sv.engine.abort(seq)
+            for choice in members(seq):
+                self.sv.engine.abort(choice)
 
     # -- output ------------------------------------------------------------------------------
     def _end(
@@ -174,6 +199,7 @@ class GenerateStream:
     ) -> None:
         """The one place a request's terminal event is queued."""
         self.active.pop(rid, None)
+        self.remaining.pop(rid, None)
         self.cancelled.discard(rid)
         self.finished[rid] = None
         while len(self.finished) > FINISHED_MEMORY:
@@ -208,9 +234,8 @@ class GenerateStream:
 
     def _set_paused(self, paused: bool) -> None:
         self.paused = paused
-        for seq in self.active.values():
-            if seq is not None:
-                self.sv.engine.pause(seq, paused)
+        for seq in self._all_choices():
+            self.sv.engine.pause(seq, paused)
         if paused:
             loop = asyncio.get_running_loop()
             self._stall = loop.call_later(self.limits.stall_timeout_s, self._on_stall)
@@ -222,9 +247,8 @@ class GenerateStream:
         """The client has not read for ``stall_timeout_s``: cancel its requests."""
         log.warning("a Generate stream was not read for %.0f s; cancelling its requests", self.limits.stall_timeout_s)
         message = f"cancelled: the client did not read its stream for {self.limits.stall_timeout_s:g} s"
-        for seq in list(self.active.values()):
-            if seq is not None:
-                self.sv.engine.abort(seq, Error("CANCELLED", message))
+        for seq in self._all_choices():
+            self.sv.engine.abort(seq, Error("CANCELLED", message))
 
     def abort_all(self) -> None:
         """The RPC ended (client closed, deadline, error): cancel what is still running."""
@@ -233,7 +257,10 @@ class GenerateStream:
             self._stall.cancel()
         for task in list(self.tasks):
             task.cancel()
-        for seq in self.active.values():
-            if seq is not None:
-                self.sv.engine.abort(seq)
+        for seq in self._all_choices():
+            self.sv.engine.abort(seq)
         self.active.clear()
+
+    def _all_choices(self) -> list[Sequence]:
+        """Every submitted sequence of the stream's in-flight requests."""
+        return [c for seq in list(self.active.values()) if seq is not None for c in members(seq)]

@@ -50,6 +50,7 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.prefill_tokens = 0
+        self.shared_prefill_choices = 0  # choices admitted onto another choice's computed prompt
         self.steps = 0
         self.batch_sizes: Counter[int] = Counter()
         self._recent: deque[tuple[float, int]] = deque()
@@ -64,6 +65,10 @@ class EngineMetrics:
         with self._lock:
             self.tiers[seq.priority].requests += 1
             self.prompt_tokens += seq.num_prompt_tokens
+
+    def on_shared_prefill(self) -> None:
+        with self._lock:
+            self.shared_prefill_choices += 1
 
     def on_reject(self, priority: Priority) -> None:
         with self._lock:
@@ -146,6 +151,7 @@ class EngineMetrics:
                 "prompt_tokens": self.prompt_tokens,
                 "generated_tokens": self.generated_tokens,
                 "prefill_tokens": self.prefill_tokens,
+                "shared_prefill_choices": self.shared_prefill_choices,
                 "steps": steps,
                 "batch_sizes": dict(sorted(self.batch_sizes.items())),
                 "mean_batch_size": mean_batch,

@@ -50,7 +50,9 @@ def _grammar_cache(grammar: Any) -> dict[str, int]:
     return {"cache_entries": stats["entries"], "cache_bytes": stats["bytes"], "cache_evictions": stats["evictions"]}
 
 
-def metrics_response(engine: Any, grammar: Any = None, tenancy: Any = None) -> pb.GetMetricsResponse:
+def metrics_response(
+    engine: Any, grammar: Any = None, tenancy: Any = None, response_cache: pb.ResponseCacheMetrics | None = None
+) -> pb.GetMetricsResponse:
     """A consistent-enough snapshot: counters from the metrics lock, gauges read as they are."""
     snap = engine.metrics.snapshot()
     sched, kv = engine.scheduler, engine.kv
@@ -87,6 +89,7 @@ def metrics_response(engine: Any, grammar: Any = None, tenancy: Any = None) -> p
         prompt_tokens_total=snap["prompt_tokens"],
         generated_tokens_total=snap["generated_tokens"],
         prefill_tokens_total=snap["prefill_tokens"],
+        shared_prefill_choices=snap["shared_prefill_choices"],
         engine_steps_total=snap["steps"],
         batch_sizes=[pb.BatchSizeBucket(sequences=k, steps=v) for k, v in snap["batch_sizes"].items()],
         mean_batch_size=snap["mean_batch_size"],
@@ -124,4 +127,5 @@ def metrics_response(engine: Any, grammar: Any = None, tenancy: Any = None) -> p
         ),
         model=engine.runner.model_path.name,
         tenants=tenant_metrics(tenancy),
+        response_cache=response_cache,
     )

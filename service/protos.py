@@ -5,7 +5,8 @@ from __future__ import annotations
 import grpc
 from inference.v1 import inference_pb2 as pb
 
-from service.events import Done
+from service.events import Delta, Done
+from service.logprobs import TokenLogprob
 from service.sequence import FinishReason
 
 FINISH = {
@@ -26,6 +27,22 @@ def done_proto(d: Done) -> pb.Done:
         ),
         timing=pb.Timing(queue_ms=d.queue_ms, ttft_ms=d.ttft_ms, total_ms=d.total_ms),
         preemptions=d.preemptions,
+        choice_index=d.choice_index,
+    )
+
+
+def logprob_proto(e: TokenLogprob) -> pb.TokenLogprob:
+    top = [pb.TopLogprob(token_id=t.token_id, token=t.token, logprob=t.logprob) for t in e.top]
+    return pb.TokenLogprob(token_id=e.token_id, token=e.token, logprob=e.logprob, top_logprobs=top)
+
+
+def delta_proto(d: Delta) -> pb.Delta:
+    return pb.Delta(
+        text=d.text,
+        token_ids=d.token_ids,
+        logprobs=[logprob_proto(e) for e in d.logprobs],
+        choice_index=d.choice_index,
+        prompt_logprobs=[logprob_proto(e) for e in d.prompt_logprobs],
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from inference.v1 import inference_pb2 as pb
 
 from service.chat import ChatTemplate, ChatTemplateError
+from service.logprobs import MAX_TOP_LOGPROBS
 from service.runner import Vocab
 from service.sequence import Priority, SamplingParams
 
@@ -19,6 +20,7 @@ DEFAULT_MAX_TOKENS = 256
 DEFAULT_JSON_MAX_TOKENS = 1024
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
+MAX_CHOICES = 16
 # Request ids are echoed on every event and kept per stream: bounded like any identifier.
 MAX_REQUEST_ID_BYTES = 256
 
@@ -103,21 +105,7 @@ class RequestBuilder:
 
     def sampling(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool = False) -> SamplingParams:
         """Validated sampling parameters; unset fields take the documented defaults."""
-        limit = self.limits.max_context
-        room = limit - num_prompt
-        if sp.HasField("max_tokens"):
-            max_tokens = sp.max_tokens
-            if max_tokens < 1:
-                raise BadRequest(f"max_tokens must be >= 1, got {max_tokens}")
-            if max_tokens > limit:
-                raise BadRequest(f"max_tokens {max_tokens} exceeds the context limit of {limit} tokens")
-            if max_tokens > room:
-                raise BadRequest(
-                    f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context limit "
-                    f"of {limit} tokens"
-                )
-        else:
-            max_tokens = min(DEFAULT_JSON_MAX_TOKENS if json_mode else DEFAULT_MAX_TOKENS, room)
+        max_tokens = self._max_tokens(sp, num_prompt, json_mode)
         defaults = SamplingParams()
         temperature = sp.temperature if sp.HasField("temperature") else defaults.temperature
         top_p = sp.top_p if sp.HasField("top_p") else defaults.top_p
@@ -131,12 +119,6 @@ class RequestBuilder:
             raise BadRequest(f"top_k must be >= 0 (0 disables), got {top_k}")
         if not (0.0 <= min_p <= 1.0):
             raise BadRequest(f"min_p must be in [0, 1], got {min_p}")
-        stops = tuple(sp.stop)
-        if len(stops) > MAX_STOP_STRINGS:
-            raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
-        for s in stops:
-            if not s or len(s.encode()) > MAX_STOP_BYTES:
-                raise BadRequest(f"stop strings must be 1..{MAX_STOP_BYTES} bytes, got {len(s.encode())}")
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -144,6 +126,58 @@ class RequestBuilder:
             top_k=top_k,
             min_p=min_p,
             seed=sp.seed if sp.HasField("seed") else None,
-            stop=stops,
+            stop=_stops(sp),
             ignore_eos=sp.ignore_eos,
+            logprobs=sp.logprobs,
+            top_logprobs=_top_logprobs(sp),
+            n=_choices(sp),
+            echo_prompt_logprobs=sp.echo_prompt_logprobs,
         )
+
+    def _max_tokens(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool) -> int:
+        limit = self.limits.max_context
+        room = limit - num_prompt
+        if sp.HasField("max_tokens"):
+            max_tokens = sp.max_tokens
+            if max_tokens == 0 and sp.echo_prompt_logprobs:
+                return 0  # score the prompt only
+            if max_tokens < 1:
+                raise BadRequest(
+                    f"max_tokens must be >= 1 (0 only with echo_prompt_logprobs), got {max_tokens}"
+                )
+            if max_tokens > limit:
+                raise BadRequest(f"max_tokens {max_tokens} exceeds the context limit of {limit} tokens")
+            if max_tokens > room:
+                raise BadRequest(
+                    f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context limit "
+                    f"of {limit} tokens"
+                )
+            return max_tokens
+        return min(DEFAULT_JSON_MAX_TOKENS if json_mode else DEFAULT_MAX_TOKENS, room)
+
+
+def _stops(sp: pb.SamplingParams) -> tuple[str, ...]:
+    stops = tuple(sp.stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    for s in stops:
+        if not s or len(s.encode()) > MAX_STOP_BYTES:
+            raise BadRequest(f"stop strings must be 1..{MAX_STOP_BYTES} bytes, got {len(s.encode())}")
+    return stops
+
+
+def _top_logprobs(sp: pb.SamplingParams) -> int:
+    k = sp.top_logprobs
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {k}")
+    if k and not sp.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: set logprobs to true")
+    return k
+
+
+def _choices(sp: pb.SamplingParams) -> int:
+    if not sp.HasField("n"):
+        return 1
+    if not 1 <= sp.n <= MAX_CHOICES:
+        raise BadRequest(f"n must be in 1..{MAX_CHOICES}, got {sp.n}")
+    return sp.n

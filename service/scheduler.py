@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from service.paged_kv import KVBlockManager, KVOp
+from service.paged_kv import KVBlockManager, KVOp, PrefixHit
 from service.priority import QueuePolicy
 from service.sequence import FinishReason, Priority, SeqStatus, Sequence
 
@@ -38,11 +38,22 @@ def _is_decoding(seq: Sequence) -> bool:
     return seq.num_computed >= seq.num_prompt_tokens and seq.num_uncomputed <= DECODE_MAX_TOKENS
 
 
+def _echoing(seq: Sequence) -> bool:
+    """Computing prompt positions whose log-probabilities are still to be reported."""
+    return seq.needs_prompt_rows and seq.num_computed < seq.num_prompt_tokens
+
+
 @dataclass(frozen=True)
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int
     sample: bool  # the chunk reaches the last token: logits are needed
+    echo: bool = False  # every position needs logits (prompt log-probabilities)
+
+    @property
+    def num_rows(self) -> int:
+        """Logits rows this item takes from the decode (the sampling row is its last)."""
+        return self.num_tokens if self.echo else int(self.sample)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class Scheduler:
         append_token: FinishCheck,
         batch_prefill_budget: int | None = None,
         mixed_step_tokens: int | None = None,
+        prompt_rows: int = 32,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if token_budget < max_running:
@@ -85,6 +97,7 @@ class Scheduler:
         self.token_budget = token_budget
         self.batch_prefill_budget = token_budget if batch_prefill_budget is None else batch_prefill_budget
         self.mixed_step_tokens = mixed_step_tokens  # cap on steps with decode rows (None: no cap)
+        self.prompt_rows = prompt_rows  # logits rows per step for prompt log-probabilities
         self._append_token = append_token
         self._clock = clock
         self.waiting: list[Sequence] = []
@@ -115,7 +128,7 @@ class Scheduler:
 
     def has_runnable(self) -> bool:
         """Anything a step could do: a request that is not paused."""
-        return any(not s.paused for s in self.waiting) or any(not s.paused for s in self.running)
+        return any(not s.paused and s.may_start() for s in self.waiting) or any(not s.paused for s in self.running)
 
     # -- planning ------------------------------------------------------------------
     def schedule(self) -> Plan:
@@ -137,7 +150,7 @@ class Scheduler:
             for seq in decoding:
                 step.run(seq)
             step.cap_mixed(self.mixed_step_tokens)
-        queue = self.policy.order([s for s in self.waiting if not s.paused], now)
+        queue = self.policy.order([s for s in self.waiting if not s.paused and s.may_start()], now)
         for tier in tiers:
             for seq in prefilling:
                 if tier_of(seq, now) == tier:
@@ -205,6 +218,8 @@ class Scheduler:
                 continue
             seq.num_computed += item.num_tokens
             self.kv.commit(seq)
+            if seq.num_computed >= seq.num_prompt_tokens:
+                seq.prompt_done = True  # other choices of the request may now share its prompt
             if not item.sample or seq.uid not in sampled:
                 continue
             if seq.first_token_time is None:
@@ -236,6 +251,7 @@ class _StepBuilder:
         self.budget = sched.token_budget
         self.batch_prefill_left = sched.batch_prefill_budget
         self.batch_prefill: dict[int, int] = {}  # uid -> tokens of batch-tier prefill this step
+        self.prompt_rows_left = sched.prompt_rows
         self.items: dict[int, ScheduledSeq] = {}
         self.preempted: list[Sequence] = []
         self.reasons: list[str] = []
@@ -259,11 +275,16 @@ class _StepBuilder:
         n = min(wanted, self.budget)
         if prefill and self.s.policy.effective_tier(seq, self.now) is Priority.BATCH:
             n = min(n, self.batch_prefill_left)
+        if _echoing(seq):
+            n = min(n, self.prompt_rows_left)  # every position of the chunk takes a logits row
         return n
 
     def _add(self, seq: Sequence, n: int, prefill: bool) -> None:
-        self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens)
+        echo = _echoing(seq)
+        self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens, echo)
         self.budget -= n
+        if echo:
+            self.prompt_rows_left -= n
         if prefill and self.s.policy.effective_tier(seq, self.now) is Priority.BATCH:
             self.batch_prefill[seq.uid] = n
             self.batch_prefill_left -= n
@@ -281,6 +302,7 @@ class _StepBuilder:
         self.batch_prefill_left += self.batch_prefill.pop(victim.uid, 0)
         if item is not None:
             self.budget += item.num_tokens
+            self.prompt_rows_left += item.num_tokens if item.echo else 0
         self.s.preempt(victim, reason)
         self.preempted.append(victim)
         self.reasons.append(reason)
@@ -312,7 +334,8 @@ class _StepBuilder:
                 return False
             self._preempt(victim, "priority")
         while True:
-            hit = s.kv.match_prefix(seq)
+            # NOTE: prompt log-probabilities need logits at every prompt position: no reuse.
+            hit = PrefixHit() if seq.needs_prompt_rows else s.kv.match_prefix(seq)
             n = self._room(seq, seq.num_tokens - hit.num_tokens, prefill=True)
             if s.kv.allocate(seq, hit, n):
                 break

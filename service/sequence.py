@@ -60,6 +60,10 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: bool = False  # report each generated token's log-probability
+    top_logprobs: int = 0  # ... and this many most likely alternatives
+    n: int = 1  # choices of the request (each choice is its own Sequence)
+    echo_prompt_logprobs: bool = False  # report the prompt tokens' log-probabilities
 
     @property
     def greedy(self) -> bool:
@@ -117,6 +121,15 @@ class Sequence:
     keys: Any = None  # json_keys.KeyGuard against duplicate object keys (json_schema output), or None
     paused: bool = False  # not scheduled while its client does not read (engine thread writes it)
     closed: bool = False  # its terminal event was delivered (event loop writes it)
+    # -- several choices of one request (SamplingParams.n) and log-probabilities --------
+    choice_index: int = 0
+    group: tuple[Sequence, ...] = ()  # every choice of the request (empty when n == 1)
+    after: Sequence | None = None  # admitted only once this choice's prompt is computed (prefill sharing)
+    prompt_done: bool = False  # the whole prompt has been computed once (sticky)
+    pending_logprob: Any = None  # logprobs.TokenLogprob of the token just sampled (engine thread)
+    out_logprobs: list[Any] = field(default_factory=list)  # parallel to out_tokens
+    prompt_logprobs: list[Any] = field(default_factory=list)  # of prompt tokens 1.., while echoing
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
@@ -138,6 +151,16 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def needs_prompt_rows(self) -> bool:
+        """Every prompt position must produce logits (echo_prompt_logprobs not yet reported)."""
+        return self.params.echo_prompt_logprobs and not self.prompt_logprobs_sent
+
+    def may_start(self) -> bool:
+        """False while the choice it shares its prompt with has not computed that prompt."""
+        a = self.after
+        return a is None or a.prompt_done or a.status is SeqStatus.FINISHED
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Container
 from collections.abc import Sequence as Seq
 
+from service.logprobs import forced_logprob
 from service.sequence import FinishReason, Sequence
 
 log = logging.getLogger("service.engine")
@@ -29,6 +30,8 @@ class TokenAppender:
         """Append ``token`` and any tokens the grammar then forces; say why ``seq`` finished, if it did."""
         if token < 0:  # sampling this row failed (sampling.sample_rows_guarded); seq.error says why
             return FinishReason.ERROR
+        if seq.params.max_tokens == 0:  # prompt scoring only (echo_prompt_logprobs): nothing generated
+            return FinishReason.LENGTH
         try:
             return self._append_with_forced(seq, token)
         except Exception as exc:
@@ -50,6 +53,13 @@ class TokenAppender:
             self.forced += len(forced)
         return reason
 
+    def _note_logprob(self, seq: Sequence, token: int) -> None:
+        """The sampled token's entry (computed by the engine), else a grammar-forced token's."""
+        entry, seq.pending_logprob = seq.pending_logprob, None
+        if entry is None or entry.token_id != token:
+            entry = forced_logprob(token, seq.params.top_logprobs, self.token_bytes)
+        seq.out_logprobs.append(entry)
+
     def _append_one(self, seq: Sequence, token: int) -> FinishReason | None:
         if seq.matcher is not None and (err := seq.matcher.error()) is not None:
             seq.error, seq.error_status = f"grammar failed: {err}", getattr(err, "status", "INTERNAL")
@@ -58,6 +68,8 @@ class TokenAppender:
         if token in self.eog_ids and not seq.params.ignore_eos:
             return FinishReason.STOP  # counted in usage, never sent as output
         seq.out_tokens.append(token)
+        if seq.params.logprobs:
+            self._note_logprob(seq, token)
         if seq.matcher is not None:
             try:
                 seq.matcher.consume(token)
