@@ -56,6 +56,14 @@ class ServerConfig:
     tls_client_ca: str = ""
     auth_tokens: str = ""
     fair_share: bool = True
+    response_cache_bytes: int = 64 << 20
+    response_cache_db: str = ""
+    response_cache_max_ttl_s: float = 3600.0
+    semantic_cache: bool = False
+    semantic_cache_threshold: float = 0.9
+    batch_db: str = "data/batch.db"
+    batch_retention_hours: float = 168.0
+    batch_max_running: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +115,19 @@ HELP = {
     "auth_tokens": "tenants file (JSON/TOML: token SHA-256s, weights, roles, quotas; see docs/security.md); "
     "calls need a tenant's bearer token; reloaded on change or SIGHUP (empty = no authentication)",
     "fair_share": "with --auth-tokens: share each priority tier fairly between tenants (virtual token counter)",
+    "response_cache_bytes": "response cache bound in bytes: answers of deterministic requests replayed on an "
+    "exact repeat (0 = off; docs/response-cache.md)",
+    "response_cache_db": "SQLite file that keeps the response cache across restarts (empty = memory only)",
+    "response_cache_max_ttl_s": "longest time an answer stays cached (also the default TTL)",
+    "semantic_cache": "allow requests with semantic_cache=true to reuse answers to similar final user messages "
+    "(needs `make semantic`)",
+    "semantic_cache_threshold": "cosine similarity a semantic hit needs (numbers, negations, units and names "
+    "must also match)",
+    "batch_db": "SQLite file of the batch jobs (BatchService; created with its directory; :memory: = "
+    "not durable)",
+    "batch_retention_hours": "finished batch jobs and their results are deleted this long after they end",
+    "batch_max_running": "most batch-job items in the engine at once (0 = half of --max-running), leaving "
+    "batch-tier streams their share",
 }
 CHOICES = {"scheduling": ("priority", "fcfs"), "log_format": ("text", "json")}
 
@@ -188,6 +209,12 @@ def validate(c: ServerConfig) -> str | None:
         return "--max-connection-age-s, --max-connection-age-grace-s and --keepalive-time-s must be >= 0"
     if c.keepalive_timeout_s <= 0 or c.keepalive_min_client_interval_s < 0:
         return "--keepalive-timeout-s must be > 0 and --keepalive-min-client-interval-s >= 0"
+    if c.response_cache_bytes < 0 or c.response_cache_max_ttl_s <= 0:
+        return "--response-cache-bytes must be >= 0 and --response-cache-max-ttl-s > 0"
+    if not 0.0 < c.semantic_cache_threshold <= 1.0:
+        return "--semantic-cache-threshold must be in (0, 1]"
+    if c.batch_retention_hours <= 0 or c.batch_max_running < 0 or not c.batch_db:
+        return "--batch-retention-hours must be > 0, --batch-max-running >= 0 and --batch-db set"
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
         return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
     return None

@@ -36,9 +36,10 @@ Callback = Callable[[CallbackOptions], Iterable[Observation]]
 class _Snapshot:
     """One GetMetrics proto shared by all callbacks of a collection."""
 
-    def __init__(self, engine: Any, tenancy: Any = None) -> None:
+    def __init__(self, engine: Any, tenancy: Any = None, response_cache: Any = None) -> None:
         self.engine = engine
         self.tenancy = tenancy
+        self.response_cache = response_cache
         self._lock = threading.Lock()
         self._at = -1.0
         self._value: pb.GetMetricsResponse | None = None
@@ -51,12 +52,13 @@ class _Snapshot:
             return self._value
 
     def _read(self) -> pb.GetMetricsResponse:
+        cache = self.response_cache.metrics() if self.response_cache is not None else None
         for _ in range(3):  # the engine thread may resize a dict we iterate; just read again
             try:
-                return metrics_response(self.engine, None, self.tenancy)
+                return metrics_response(self.engine, None, self.tenancy, cache)
             except RuntimeError:
                 continue
-        return metrics_response(self.engine, None, self.tenancy)
+        return metrics_response(self.engine, None, self.tenancy, cache)
 
 
 def _per_tier(field: str) -> Callable[[pb.GetMetricsResponse], Rows]:
@@ -114,6 +116,17 @@ def _field(path: str) -> Callable[[pb.GetMetricsResponse], Rows]:
 def _by(key: str, paths: dict[str, str]) -> Callable[[pb.GetMetricsResponse], Rows]:
     """One observation per ``paths`` entry, labelled ``{key: name}``."""
     return lambda m: [(_field(path)(m)[0][0], {key: name}) for name, path in paths.items()]
+
+
+def _response_cache_outcomes(m: pb.GetMetricsResponse) -> Rows:
+    c = m.response_cache
+    outcomes = {
+        "exact_hit": c.hits - c.semantic_hits,
+        "semantic_hit": c.semantic_hits,
+        "miss": c.misses,
+        "coalesced": c.coalesced,
+    }
+    return [(n, {"inference.response_cache.outcome": k}) for k, n in outcomes.items()]
 
 
 Instrument = tuple[str, str, str, Callable[[pb.GetMetricsResponse], Rows]]
@@ -180,6 +193,22 @@ COUNTERS: list[Instrument] = [
     ),
     ("inference.kv.evictions", "{block}", "cached KV blocks evicted", _field("kv.evictions")),
     ("inference.grammar.compiles", "{grammar}", "grammars compiled", _field("grammar.compiles")),
+    (
+        "inference.response_cache.requests",
+        "{request}",
+        "cacheable requests by response-cache outcome (exact_hit, semantic_hit, miss; coalesced: waited for an "
+        "identical running request, its answer then counted as exact_hit)",
+        _response_cache_outcomes,
+    ),
+    (
+        "inference.response_cache.entries_changed",
+        "{entry}",
+        "response-cache entries stored, evicted (byte bound) and expired (TTL)",
+        _by(
+            "inference.response_cache.change",
+            {k: f"response_cache.{k}" for k in ("stores", "evictions", "expirations")},
+        ),
+    ),
     ("inference.grammar.cache_hits", "{grammar}", "grammar cache hits", _field("grammar.cache_hits")),
     (
         "inference.grammar.constrained_tokens",
@@ -229,12 +258,15 @@ GAUGES: list[Instrument] = [
     ),
     ("inference.grammar.compile_time", "ms", "grammar compile time, recent window", _compile_time),
     ("inference.uptime", "s", "seconds since the server started", _field("uptime_s")),
+    ("inference.response_cache.entries", "{entry}", "response-cache entries held", _field("response_cache.entries")),
+    ("inference.response_cache.bytes", "By", "response-cache bytes held", _field("response_cache.bytes")),
 ]
 
 
-def observe_engine(meter: Meter, engine: Any, tenancy: Any = None) -> None:
-    """Register every COUNTERS/GAUGES instrument, reading ``engine``'s (and ``tenancy``'s) GetMetrics figures."""
-    snapshot = _Snapshot(engine, tenancy)
+def observe_engine(meter: Meter, engine: Any, tenancy: Any = None, response_cache: Any = None) -> None:
+    """Register every COUNTERS/GAUGES instrument, reading ``engine``'s (``tenancy``'s, ``response_cache``'s)
+    GetMetrics figures."""
+    snapshot = _Snapshot(engine, tenancy, response_cache)
 
     def callback(rows: Callable[[pb.GetMetricsResponse], Rows]) -> Callback:
         return lambda _options: [Observation(v, a) for v, a in rows(snapshot.get())]

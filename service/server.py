@@ -32,6 +32,7 @@ from service.metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
 from service.priority import make_policy
 from service.requests import PromptLimits, RequestBuilder
+from service.response_cache import CacheFront, bind_model, build_cache
 from service.runner import ModelLoadError, ModelRunner
 from service.sequence import Priority
 from service.servicer import InferenceServicer
@@ -86,6 +87,8 @@ class InferenceServer:
         limits = StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
         self.servicer = InferenceServicer(self.telemetry, limits)
         self.servicer.tenancy = self.tenancy
+        self.response_cache = build_cache(config)  # a bad --response-cache-db fails here, before listening
+        self.servicer.cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
         self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
@@ -147,6 +150,7 @@ class InferenceServer:
             raise ModelLoadError(f"{self.config.model}: {exc}") from None
         if not template.from_model:
             log.warning("model has no chat template; using ChatML for messages")
+        bind_model(self.response_cache, self.config.model, template.source)
         limit = min(engine.kv.capacity_tokens, engine.runner.n_ctx_train)
         builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit))
         engine.on_failure = self._on_engine_failure
@@ -204,4 +208,5 @@ class InferenceServer:
             self.engine.runner.close()  # NOTE: never while the engine thread may still be in llama_decode
         if self.grammar is not None:
             self.grammar.close()
+        self.servicer.cache.close()
         self.telemetry.shutdown()

@@ -19,6 +19,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from service.auth import current_tenant
+from service.choices import link_choices
 from service.continuous_batcher import Draining, Engine
 from service.events import Delta, Done, Error
 from service.generate_stream import GenerateStream, StreamLimits
@@ -26,8 +27,9 @@ from service.grammar_service import GrammarService
 from service.metrics_view import metrics_response
 from service.model_api import ModelApi, model_api_for
 from service.priority import QueueFull
-from service.protos import done_proto
+from service.protos import done_proto, logprob_proto
 from service.requests import BadRequest, RequestBuilder
+from service.response_cache import CacheFront, Replay
 from service.sequence import FinishReason, Sequence
 from service.telemetry import Telemetry
 from service.tenancy import Tenancy
@@ -51,6 +53,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self.telemetry = telemetry
         self.tenancy = Tenancy()  # the server sets its own (tenants file, quotas)
         self.stream_limits = stream_limits or StreamLimits()
+        self.cache = CacheFront(None, telemetry)  # the server sets its own (service.response_cache)
         self.ready = False
 
     def attach(self, engine: Engine, builder: RequestBuilder, grammar: GrammarService) -> None:
@@ -99,6 +102,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             seq.keys = self.grammar.key_guard(fmt[0])
         return seq
 
+    async def prepare_choices(self, request_id: str, *args: Any) -> list[Sequence]:
+        """``prepare`` once per choice (SamplingParams.n), linked to share one prompt; raises BadRequest."""
+        first = await self.prepare(request_id, *args)
+        rest = [await self.prepare(request_id, *args) for _ in range(1, first.params.n)]
+        return link_choices([first, *rest])
+
     def submit(self, seq: Sequence) -> None:
         """Submit; QueueFull/Draining propagate to the caller (telemetry sees them as the request's end)."""
         self.telemetry.on_submit(seq)
@@ -107,7 +116,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except (QueueFull, Draining) as exc:
             status = "RESOURCE_EXHAUSTED" if isinstance(exc, QueueFull) else "UNAVAILABLE"
             self.telemetry.on_finish(seq, Error(status, str(exc)))
+            self.cache.submitted(seq, False)
             raise
+        self.cache.submitted(seq, True)
 
     @staticmethod
     def deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -146,6 +157,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "json_schema is empty")
         result: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         seq = await self._prepare_json(request, context, result)
+        if (replay := await self.cache.before_submit(seq, request, json_mode=True)) is not None:
+            return await self._cached_json(seq, replay, context)
         try:
             self.submit(seq)
         except QueueFull as exc:
@@ -176,6 +189,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 self.deadline(context),
                 json_mode=True,
             )
+            if seq.params.n != 1 or seq.params.echo_prompt_logprobs:
+                raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
         except BadRequest as exc:
             failure = (grpc.StatusCode[exc.status], str(exc))
         except Exception as exc:  # a bug or an environment failure: this request only
@@ -214,15 +229,28 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except BadRequest as exc:
             await context.abort(grpc.StatusCode[exc.status], str(exc))
         d = done_proto(last)
+        logprobs = [logprob_proto(e) for ev in evs if isinstance(ev, Delta) for e in ev.logprobs]
         return pb.GenerateJSONResponse(
-            json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason
+            json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason, logprobs=logprobs
         )
+
+    async def _cached_json(
+        self, seq: Sequence, replay: Replay, context: grpc.aio.ServicerContext
+    ) -> pb.GenerateJSONResponse:
+        """A response-cache answer: the stored document (validated again) or the cache's error status."""
+        if replay.hit is None:
+            status, message = replay.error or ("CANCELLED", "request cancelled")
+            await context.abort(grpc.StatusCode[status], message)
+        response = await self._json_response(seq, replay.events, context)
+        response.cache_hit = True
+        response.semantic_cache_hit = replay.hit.semantic
+        return response
 
     # -- GetMetrics ------------------------------------------------------------------------------
     async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext) -> Any:
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly")
-        return metrics_response(self.engine, self.grammar, self.tenancy)
+        return metrics_response(self.engine, self.grammar, self.tenancy, self.cache.metrics())
 
     # -- Tokenize / Detokenize / CountTokens / GetModelInfo (service.model_api) ------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> Any:

