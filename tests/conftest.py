@@ -83,6 +83,9 @@ def server_config(**overrides: Any) -> ServerConfig:
         kv_lanes=64,
         step_tokens=128,
         threads=2,
+        # NOTE: off for the engine tests (a repeated greedy request would be replayed, identical ones
+        # coalesced); the response-cache tests turn it on (tests/test_response_cache.py).
+        response_cache_bytes=0,
     )
     return ServerConfig(**{**base, **overrides})
 
