@@ -2,7 +2,8 @@
 
 * :class:`InferenceClient` (sync) and :class:`AsyncInferenceClient` (asyncio):
   ``generate`` (streamed events), ``generate_many`` (many requests on one
-  stream), ``generate_json``, ``cancel``, ``metrics``, ``health``.
+  stream), ``generate_json``, ``cancel``, ``metrics``, ``health``, ``tokenize``,
+  ``detokenize``, ``count_tokens``, ``model_info``.
 * Events: :class:`Delta`, :class:`Done` (and :class:`ErrorEvent` on multiplexed streams).
 * Failures: :class:`InferenceError` with the gRPC status ``code``.
 * Retries: :class:`RetryPolicy` (client side), or gRPC's native retries via
@@ -18,6 +19,7 @@ from .errors import InferenceError
 from .events import Delta, Done, ErrorEvent, Event, Result, StreamEvent, Timing, Usage
 from .generation import Generation
 from .metrics import format_metrics, metrics_to_dict
+from .model_calls import format_model_info, model_info_to_dict
 from .retry import NO_RETRY, RetryPolicy
 from .security import secure_credentials, token_metadata
 from .service_config import channel_options, retry_service_config
@@ -48,7 +50,9 @@ __all__ = [
     "Usage",
     "channel_options",
     "format_metrics",
+    "format_model_info",
     "metrics_to_dict",
+    "model_info_to_dict",
     "retry_service_config",
     "secure_credentials",
     "token_metadata",

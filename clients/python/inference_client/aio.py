@@ -26,6 +26,7 @@ from .aio_stream import AsyncGenerateStream, AsyncGeneration
 from .balancing import balanced_options, balancing_mode
 from .client import DEFAULT_TARGET
 from .metrics import metrics_to_dict
+from .model_calls import count_request, detokenize_request, tokenize_request
 from .retry import RetryPolicy, acall_with_retry
 from .security import make_aio_channel, with_token
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
@@ -150,6 +151,47 @@ class AsyncInferenceClient:
     async def metrics_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The metrics snapshot as a plain dict."""
         return metrics_to_dict(await self.metrics(timeout=timeout))
+
+    async def tokenize(
+        self,
+        text: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        timeout: float | None = None,
+    ) -> pb.TokenizeResponse:
+        """Token ids and pieces of ``text`` or of ``messages`` rendered exactly as Generate renders them."""
+        request = tokenize_request(text, messages, add_special, parse_special)
+        return await self._unary(self._stub.Tokenize, request, timeout)
+
+    async def count_tokens(
+        self,
+        text: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        timeout: float | None = None,
+    ) -> pb.CountTokensResponse:
+        """The prompt's token count (Generate's usage.prompt_tokens), context size and room left."""
+        request = count_request(text, messages, add_special, parse_special)
+        return await self._unary(self._stub.CountTokens, request, timeout)
+
+    async def detokenize(
+        self, token_ids: Sequence[int], *, render_special: bool = False, timeout: float | None = None
+    ) -> pb.DetokenizeResponse:
+        """The text (and exact bytes) of ``token_ids``."""
+        return await self._unary(self._stub.Detokenize, detokenize_request(token_ids, render_special), timeout)
+
+    async def model_info(self, *, timeout: float | None = None) -> pb.GetModelInfoResponse:
+        """The served model, its limits and the request options it accepts (``model_info_to_dict``)."""
+        return await self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+
+    async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        return await acall_with_retry(
+            lambda t: method(request, timeout=t, metadata=self.metadata), self.retry, self._timeout(timeout)
+        )
 
     async def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """grpc.health.v1 status of ``service`` ("" = the server), e.g. "SERVING"."""

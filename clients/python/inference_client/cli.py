@@ -6,6 +6,7 @@ Commands::
     inference-client json --schema FILE PROMPT
     inference-client metrics [--json]
     inference-client health [--service NAME]
+    inference-client tokenize TEXT [--chat] [--ids|--json]   (and detokenize, count, info: cli_model.py)
 
 Global options: ``--target`` (default ``$INFERENCE_TARGET`` or localhost:50051),
 ``--timeout`` seconds, ``--retries`` attempts; TLS with ``--tls-ca`` (and
@@ -26,6 +27,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .cli_model import COMMANDS as MODEL_COMMANDS
+from .cli_model import add_commands as add_model_commands
 from .client import DEFAULT_TARGET, InferenceClient
 from .errors import InferenceError
 from .events import Delta, Done
@@ -90,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     health = sub.add_parser("health", help="print the health status (exit 0 if SERVING)")
     health.add_argument("--service", default="", help='service name ("" = the whole server)')
+    add_model_commands(sub)
     return parser
 
 
@@ -180,6 +184,7 @@ def cmd_health(client: InferenceClient, args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"generate": cmd_generate, "json": cmd_json, "metrics": cmd_metrics, "health": cmd_health}
+_COMMANDS.update(MODEL_COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from .balancing import AffinityPool, balanced_options, balancing_mode
 from .generation import Generation
 from .metrics import metrics_to_dict
+from .model_calls import count_request, detokenize_request, tokenize_request
 from .retry import RetryPolicy, call_with_retry
 from .ring import prefix_key
 from .security import make_channel, with_token
@@ -213,6 +214,47 @@ class InferenceClient:
     def metrics_dict(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The metrics snapshot as a plain dict (proto field names, enums as names)."""
         return metrics_to_dict(self.metrics(timeout=timeout))
+
+    def tokenize(
+        self,
+        text: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        timeout: float | None = None,
+    ) -> pb.TokenizeResponse:
+        """Token ids and pieces of ``text`` or of ``messages`` rendered exactly as Generate renders them."""
+        request = tokenize_request(text, messages, add_special, parse_special)
+        return self._unary(self._stub.Tokenize, request, timeout)
+
+    def count_tokens(
+        self,
+        text: str | None = None,
+        messages: Sequence[MessageLike] | None = None,
+        *,
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        timeout: float | None = None,
+    ) -> pb.CountTokensResponse:
+        """The prompt's token count (Generate's usage.prompt_tokens), context size and room left."""
+        request = count_request(text, messages, add_special, parse_special)
+        return self._unary(self._stub.CountTokens, request, timeout)
+
+    def detokenize(
+        self, token_ids: Sequence[int], *, render_special: bool = False, timeout: float | None = None
+    ) -> pb.DetokenizeResponse:
+        """The text (and exact bytes) of ``token_ids``."""
+        return self._unary(self._stub.Detokenize, detokenize_request(token_ids, render_special), timeout)
+
+    def model_info(self, *, timeout: float | None = None) -> pb.GetModelInfoResponse:
+        """The served model, its limits and the request options it accepts (``model_info_to_dict``)."""
+        return self._unary(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+
+    def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
+        return call_with_retry(
+            lambda t: method(request, timeout=t, metadata=self.metadata), self.retry, self._timeout(timeout)
+        )
 
     def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """grpc.health.v1 status of ``service`` ("" = the server): "SERVING", "NOT_SERVING", ..."""
