@@ -141,6 +141,10 @@ class GrpcServer(_Process):
         argv = [PYTHON, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", "{port}"]
         if threads is not None:
             argv += ["--threads", str(threads)]
+        if not any(f.startswith("--response-cache") for f in flags):
+            # NOTE: the scenarios measure the engine: repeated greedy prompts must not be replayed
+            # from the response cache (scenario K measures the cache and sets its flags).
+            argv += ["--response-cache-bytes", "0"]
         super().__init__(label, argv + list(flags))
 
     @property
