@@ -21,6 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
 
+from service.batch.service import BATCH_SERVICE_NAME, BatchService
 from service.chat import ChatTemplate, ChatTemplateError
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
@@ -87,6 +88,7 @@ class InferenceServer:
         limits = StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
         self.servicer = InferenceServicer(self.telemetry, limits)
         self.servicer.tenancy = self.tenancy
+        self.batch = BatchService(config, self.servicer, self.telemetry)  # opens --batch-db (fails early)
         self.response_cache = build_cache(config)  # a bad --response-cache-db fails here, before listening
         self.servicer.cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
         self.tls_files: CertificateFiles | None = None
@@ -105,10 +107,12 @@ class InferenceServer:
         )
         self.server = grpc.aio.server(interceptors=interceptors, options=server_options(self.config))
         add_servicer(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["InferenceService"])
+        self.batch.register(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
+                BATCH_SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
@@ -122,6 +126,7 @@ class InferenceServer:
         engine, builder, grammar = await loop.run_in_executor(None, self._load, loop)
         self.engine, self.grammar = engine, grammar
         self.servicer.attach(engine, builder, grammar)
+        await self.batch.start()  # requeues items a previous run left running
         await self._set_health(SERVING)
         log.info(
             "SERVING after %.1f s (KV pool %d tokens in %d blocks)",
@@ -177,6 +182,7 @@ class InferenceServer:
     async def _set_health(self, status: Any) -> None:
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
+        await self.health.set(BATCH_SERVICE_NAME, status)
 
     async def drain(self, grace_s: float) -> None:
         """Graceful shutdown: stop accepting, give in-flight work ``grace_s``, cancel the rest."""
@@ -203,6 +209,7 @@ class InferenceServer:
             await self.drain(grace_s)
         if self.server is not None:
             await self.server.stop(1.0)
+        await self.batch.stop()  # before the engine: items still in it stay RUNNING in the store
         # NOTE: a failed engine's thread may be stuck in a step: do not wait long for it.
         if self.engine is not None and self.engine.stop(timeout=2.0 if self.failed.is_set() else 30.0):
             self.engine.runner.close()  # NOTE: never while the engine thread may still be in llama_decode

@@ -83,6 +83,7 @@ def server_config(**overrides: Any) -> ServerConfig:
         kv_lanes=64,
         step_tokens=128,
         threads=2,
+        batch_db=":memory:",  # batch jobs of one test server never outlive it (tests/test_batch.py uses files)
         # NOTE: off for the engine tests (a repeated greedy request would be replayed, identical ones
         # coalesced); the response-cache tests turn it on (tests/test_response_cache.py).
         response_cache_bytes=0,

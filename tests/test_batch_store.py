@@ -211,11 +211,11 @@ def test_cancel_stops_queued_items_keeps_finished_results_and_waits_for_running_
     assert job is not None and job.state is JobState.CANCELLING
     assert (job.counts.completed, job.counts.cancelled, job.counts.running) == (1, 2, 1)
     assert store.claim(10) == []  # queued items never start
-    assert store.stopping_jobs() == {job_id}
+    assert store.stopping_jobs() == {job_id: JobState.CANCELLING}
     assert store.finish(running, ItemState.CANCELLED, ItemResult(finish_reason="cancelled", error_status="CANCELLED"))
     job = store.get_job("t1", job_id)
     assert job is not None and job.state is JobState.CANCELLED and "cancelled" in job.times
-    assert store.stopping_jobs() == set()
+    assert store.stopping_jobs() == {}
     states = {r.custom_id: r.state for r in store.results("t1", job_id, False, "", 10)}
     assert states == {"a": ItemState.COMPLETED, "b": ItemState.CANCELLED, "c": ItemState.CANCELLED,
                       "d": ItemState.CANCELLED}
@@ -240,7 +240,7 @@ def test_a_job_past_its_completion_window_expires_keeping_finished_results(
     store.sweep()
     job = store.get_job("t1", job_id)
     assert job is not None and job.state is JobState.EXPIRED and job.counts.cancelled == 1
-    assert store.stopping_jobs() == {job_id}  # the running item is to be cancelled
+    assert store.stopping_jobs() == {job_id: JobState.EXPIRED}  # the running item is to be cancelled
     store.finish(running, ItemState.CANCELLED, ItemResult(error_status="DEADLINE_EXCEEDED"))
     results = {r.custom_id: r for r in store.results("t1", job_id, False, "", 10)}
     assert results["a"].state is ItemState.COMPLETED

@@ -450,14 +450,14 @@ class SqliteJobStore(JobStore):
                 if not running:  # an expired job's last running items are still being cancelled
                     self._delete(db, job_id)
 
-    def stopping_jobs(self) -> set[str]:
+    def stopping_jobs(self) -> dict[str, JobState]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT DISTINCT j.id FROM jobs j JOIN items i ON i.job_id = j.id "
+                "SELECT DISTINCT j.id, j.state FROM jobs j JOIN items i ON i.job_id = j.id "
                 "WHERE j.state IN (?,?) AND i.state=?",
                 (JobState.CANCELLING.value, JobState.EXPIRED.value, ItemState.RUNNING.value),
             ).fetchall()
-        return {r[0] for r in rows}
+        return {r[0]: JobState(r[1]) for r in rows}
 
     def close(self) -> None:
         with self._lock:

@@ -223,8 +223,8 @@ class JobStore(abc.ABC):
         """Expire jobs past their completion window (queued items cancelled); delete jobs past retention."""
 
     @abc.abstractmethod
-    def stopping_jobs(self) -> set[str]:
-        """Ids of jobs whose running items must be cancelled (CANCELLING, or EXPIRED with items running)."""
+    def stopping_jobs(self) -> dict[str, JobState]:
+        """Jobs whose running items must be cancelled (CANCELLING, or EXPIRED with items running) and their state."""
 
     @abc.abstractmethod
     def results(

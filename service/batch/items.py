@@ -1,0 +1,129 @@
+"""Batch items -> engine Sequences, and engine events -> item results (shared by upload and worker).
+
+An item is validated exactly as the streaming or JSON call validates its
+request (``InferenceServicer.prepare``), once at upload and again when it runs
+(the prepared Sequence is not stored, only the item's bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from inference.v1 import batch_pb2 as bpb
+from inference.v1 import inference_pb2 as pb
+
+from service.batch.store import ItemResult, ItemState
+from service.events import Delta, Done, Error
+from service.protos import response_format
+from service.requests import BadRequest
+from service.sequence import FinishReason, Sequence
+
+MAX_CUSTOM_ID_BYTES = 256
+SORT_KEY_TOKENS = 64  # items are started in the order of their first 64 prompt tokens
+T = TypeVar("T")
+
+
+class StoreThread:
+    """Runs JobStore calls on one dedicated thread, so the event loop never waits on the disk."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
+
+    async def __call__(self, method: str, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, getattr(self.store, method), *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.store.close()
+
+
+def check_custom_id(custom_id: str) -> str | None:
+    """Why ``custom_id`` is unusable, or None."""
+    if not custom_id:
+        return "custom_id is empty"
+    if len(custom_id.encode()) > MAX_CUSTOM_ID_BYTES:
+        return f"custom_id is longer than {MAX_CUSTOM_ID_BYTES} bytes"
+    return None
+
+
+def _check_unsupported(sp: pb.SamplingParams) -> None:
+    if sp.HasField("n") and sp.n != 1:
+        raise BadRequest("a batch item generates one choice: n must be 1 (send n items instead)")
+    if sp.logprobs or sp.echo_prompt_logprobs:
+        raise BadRequest("batch results carry no log-probabilities: unset logprobs and echo_prompt_logprobs")
+
+
+async def prepare(servicer: Any, item: bpb.BatchItem, request_id: str) -> Sequence:
+    """The item's Sequence in the batch tier (not submitted); raises BadRequest for a bad item."""
+    kind = item.WhichOneof("request")
+    if kind == "generate":
+        g = item.generate
+        if g.cancel:
+            raise BadRequest("cancel is not an item: use CancelBatch")
+        _check_unsupported(g.sampling)
+        fmt = response_format(g.response_format)
+        return await servicer.prepare(
+            request_id, g.prompt, g.messages, g.sampling, pb.PRIORITY_BATCH, fmt, None
+        )
+    if kind == "generate_json":
+        j = item.generate_json
+        if not j.json_schema:
+            raise BadRequest("json_schema is empty")
+        _check_unsupported(j.sampling)
+        return await servicer.prepare(
+            request_id, j.prompt, j.messages, j.sampling, pb.PRIORITY_BATCH, ("json_schema", j.json_schema),
+            None, json_mode=True,
+        )
+    raise BadRequest("set the item's generate or generate_json request")
+
+
+def sort_key(seq: Sequence) -> bytes:
+    """Big-endian first prompt tokens: byte order puts prompts with a shared prefix next to each other."""
+    ids = seq.token_ids[:SORT_KEY_TOKENS]
+    return struct.pack(f">{len(ids)}I", *ids)
+
+
+FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
+
+
+def outcome(seq: Sequence, events: list[Any], json_item: bool, grammar: Any) -> tuple[ItemState, ItemResult]:
+    """The stored state and result of a finished item run (its last event is Done or Error)."""
+    last = events[-1]
+    text = "".join(e.text for e in events if isinstance(e, Delta))
+    if isinstance(last, Error):
+        return ItemState.FAILED, ItemResult(text=text, error_status=last.status, error_message=last.message)
+    assert isinstance(last, Done)
+    result = ItemResult(
+        text=text,
+        finish_reason=FINISH.get(last.finish_reason, ""),
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_tokens=last.cached_tokens,
+        queue_ms=last.queue_ms,
+        ttft_ms=last.ttft_ms,
+        total_ms=last.total_ms,
+    )
+    if last.finish_reason is FinishReason.CANCELLED:
+        return ItemState.CANCELLED, result
+    if json_item:
+        problem = _json_problem(seq, text, last, grammar)
+        if problem is not None:
+            return ItemState.FAILED, replace(result, error_status=problem[0], error_message=problem[1])
+    return ItemState.COMPLETED, result
+
+
+def _json_problem(seq: Sequence, text: str, done: Done, grammar: Any) -> tuple[str, str] | None:
+    """As GenerateJSON: a cut-off document is OUT_OF_RANGE, an invalid one the validator's status."""
+    if done.finish_reason is FinishReason.LENGTH:
+        return "OUT_OF_RANGE", f"JSON document cut off at max_tokens={seq.params.max_tokens}; raise max_tokens"
+    try:
+        grammar.validate(seq.grammar, text)
+    except BadRequest as exc:
+        return exc.status, str(exc)
+    return None
+

@@ -1,0 +1,76 @@
+"""BatchService assembly: store, worker, servicer and metrics, for ``service.server``.
+
+``--batch-db`` opens (or creates) the SQLite store when the server is built,
+so a bad path fails before listening; the worker starts once the engine is
+ready and stops before it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import grpc
+from inference.v1 import batch_pb2 as bpb
+
+from service.batch.items import StoreThread
+from service.batch.servicer import BatchServicer
+from service.batch.sqlite_store import SqliteJobStore
+from service.batch.worker import BatchWorker
+from service.wire import add_servicer
+
+DESCRIPTOR = bpb.DESCRIPTOR.services_by_name["BatchService"]
+BATCH_SERVICE_NAME = DESCRIPTOR.full_name
+
+
+class BatchService:
+    """Owns the batch store, the worker and the servicer of one server."""
+
+    def __init__(self, config: Any, inference: Any, telemetry: Any = None) -> None:
+        try:
+            store = SqliteJobStore(config.batch_db, retention_s=config.batch_retention_hours * 3600)
+        except sqlite3.Error as exc:
+            raise OSError(f"--batch-db {config.batch_db}: {exc}") from exc
+        self.db = StoreThread(store)
+        cap = config.batch_max_running or max(1, config.max_running // 2)
+        provider = getattr(telemetry, "tracer_provider", None)
+        tracer = provider.get_tracer("service.batch") if provider is not None else None
+        self.worker = BatchWorker(self.db, inference, cap, tracer=tracer)
+        self.servicer = BatchServicer(self.db, self.worker, inference)
+        meters = getattr(telemetry, "meter_provider", None)
+        if meters is not None:
+            observe_batches(meters.get_meter("service.batch"), store, self.worker)
+
+    def register(self, server: grpc.aio.Server) -> None:
+        add_servicer(server, self.servicer, DESCRIPTOR)
+
+    async def start(self) -> None:
+        await self.worker.start()
+
+    async def stop(self) -> None:
+        await self.worker.stop()
+        self.db.close()
+
+
+def observe_batches(meter: Any, store: Any, worker: BatchWorker) -> None:
+    """OTel gauges: jobs by state, queued/running items (backlog), items finished per second."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    items = ("queued_items", "running_items")
+
+    def jobs(_options: CallbackOptions) -> list[Observation]:
+        counts = store.state_counts()
+        return [Observation(n, {"state": state}) for state, n in counts.items() if state not in items]
+
+    def backlog(_options: CallbackOptions) -> list[Observation]:
+        counts = store.state_counts()
+        return [Observation(counts[k], {"item_state": k.removesuffix("_items")}) for k in items]
+
+    meter.create_observable_gauge("inference.batch.jobs", [jobs], description="batch jobs by state")
+    meter.create_observable_gauge("inference.batch.items", [backlog], description="items of open batch jobs by state")
+    meter.create_observable_gauge(
+        "inference.batch.items_per_second",
+        [lambda _o: [Observation(worker.rate())]],
+        unit="1/s",
+        description="batch items finished per second (last 10 s)",
+    )
