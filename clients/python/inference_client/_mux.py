@@ -31,6 +31,7 @@ class _Entry:
     started: bool = False
     cancel_requested: bool = False
     retry_pending: bool = False
+    choices_left: int = 1  # Done events still due (SamplingParams.n)
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,12 @@ class Outcome:
     request_id: str
     event: StreamEvent | None = None
     retry_after: float | None = None
+    last: bool = True  # False for the Done of a choice when other choices go on
 
     @property
     def terminal(self) -> bool:
         """True when the event ends its request."""
-        return isinstance(self.event, Done | ErrorEvent)
+        return isinstance(self.event, Done | ErrorEvent) and self.last
 
 
 class MuxState:
@@ -66,7 +68,8 @@ class MuxState:
             raise ValueError("the stream is closed for new requests")
         if msg.request_id in self.entries:
             raise ValueError(f"request_id {msg.request_id!r} is already in flight on this stream")
-        self.entries[msg.request_id] = _Entry(msg)
+        n = msg.sampling.n if msg.sampling.HasField("n") and msg.sampling.n > 1 else 1
+        self.entries[msg.request_id] = _Entry(msg, choices_left=n)
         self.record(msg)
 
     def record(self, msg: pb.GenerateRequest) -> None:
@@ -107,6 +110,9 @@ class MuxState:
                 entry.retry_pending = True
                 return Outcome(resp.request_id, retry_after=wait)
             event.error.attempts = entry.attempts
+        elif isinstance(event, Done) and entry.choices_left > 1:
+            entry.choices_left -= 1  # one choice ended; the request goes on
+            return Outcome(resp.request_id, event, last=False)
         del self.entries[resp.request_id]
         return Outcome(resp.request_id, event)
 

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .cli_logprobs import print_result
 from .cli_model import COMMANDS as MODEL_COMMANDS
 from .cli_model import add_commands as add_model_commands
 from .client import DEFAULT_TARGET, InferenceClient
@@ -55,6 +56,12 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="random seed (reproducible output)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation")
+    p.add_argument("-n", type=int, dest="n", help="independent choices for the prompt (1-16; generate only)")
+    p.add_argument("--logprobs", action="store_true", help="print each token's log-probability")
+    p.add_argument("--top-logprobs", type=int, help="... and this many alternatives per token (0-20)")
+    p.add_argument(
+        "--echo-prompt-logprobs", action="store_true", help="print the prompt tokens' log-probabilities"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,8 +115,11 @@ def _input(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "priority")
+    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "priority", "top_logprobs")
     options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    for flag in ("logprobs", "echo_prompt_logprobs"):
+        if getattr(args, flag):
+            options[flag] = True
     if args.stop:
         options["stop"] = args.stop
     if args.ignore_eos:
@@ -143,6 +153,15 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
         options["json_schema"] = _read_schema(args.json_schema)
     if args.regex:
         options["regex"] = args.regex
+    if args.n is not None:
+        options["n"] = args.n
+    if (args.n or 1) > 1 or args.logprobs or args.echo_prompt_logprobs:
+        with client.generate(**_input(args), **options) as generation:
+            result = generation.result()
+        print_result(result)
+        if result.done is not None:
+            print(summary_line(result.done), file=sys.stderr)
+        return 0
     with client.generate(**_input(args), **options) as generation:
         for event in generation:
             if isinstance(event, Delta):

@@ -9,6 +9,7 @@ multiplexed stream only — :class:`ErrorEvent`. Single-request iterators raise
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from inference.v1 import inference_pb2 as pb
@@ -23,11 +24,29 @@ _FINISH: dict[int, str] = {
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's natural-log probability and, when asked, the most likely alternatives there."""
+
+    token_id: int
+    token: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (token_id, token, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class Delta:
-    """Newly generated text (whole UTF-8 characters) and its token ids."""
+    """Newly generated text (whole UTF-8 characters) and its token ids.
+
+    With ``logprobs`` requested, ``logprobs`` has one entry per token id; with
+    ``echo_prompt_logprobs``, one delta (before any text) carries ``prompt_logprobs``.
+    ``choice_index`` says which of the ``n`` choices the delta belongs to.
+    """
 
     text: str
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    choice_index: int = 0
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +75,8 @@ class Done:
     usage: Usage = field(default_factory=Usage)
     timing: Timing = field(default_factory=Timing)
     preemptions: int = 0
+    choice_index: int = 0  # a request with n choices ends with n Done events
+    cache_hit: bool = False  # replayed from the server's response cache
 
 
 @dataclass(frozen=True)
@@ -77,18 +98,28 @@ class Result:
     """
 
     request_id: str
-    text: str = ""
+    text: str = ""  # choice 0's text
     token_ids: list[int] = field(default_factory=list)
-    done: Done | None = None
+    done: Done | None = None  # the last Done (of the last choice to end)
     error: InferenceError | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # choice 0's
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    choices: dict[int, str] = field(default_factory=dict)  # text of every choice
+    dones: dict[int, Done] = field(default_factory=dict)  # Done of every choice
 
     def add(self, event: StreamEvent) -> None:
         """Fold one event into the result."""
         if isinstance(event, Delta):
-            self.text += event.text
-            self.token_ids.extend(event.token_ids)
+            i = event.choice_index
+            self.choices[i] = self.choices.get(i, "") + event.text
+            self.prompt_logprobs.extend(event.prompt_logprobs)
+            if i == 0:
+                self.text += event.text
+                self.token_ids.extend(event.token_ids)
+                self.logprobs.extend(event.logprobs)
         elif isinstance(event, Done):
             self.done = event
+            self.dones[event.choice_index] = event
         else:
             self.error = event.error
 
@@ -113,11 +144,21 @@ def finish_reason_name(value: int) -> str:
     return _FINISH.get(value, "unspecified")
 
 
+def _logprobs(entries: Iterable[pb.TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(e.token_id, e.token, e.logprob, tuple((t.token_id, t.token, t.logprob) for t in e.top_logprobs))
+        for e in entries
+    )
+
+
 def event_from_proto(resp: pb.GenerateResponse) -> StreamEvent | None:
     """The typed event of a ``GenerateResponse``; None if it carries no event."""
     kind = resp.WhichOneof("event")
     if kind == "delta":
-        return Delta(resp.delta.text, tuple(resp.delta.token_ids))
+        d = resp.delta
+        return Delta(
+            d.text, tuple(d.token_ids), _logprobs(d.logprobs), d.choice_index, _logprobs(d.prompt_logprobs)
+        )
     if kind == "done":
         d = resp.done
         return Done(
@@ -125,6 +166,8 @@ def event_from_proto(resp: pb.GenerateResponse) -> StreamEvent | None:
             usage_from_proto(d.usage),
             timing_from_proto(d.timing),
             d.preemptions,
+            d.choice_index,
+            d.cache_hit,
         )
     if kind == "error":
         e = resp.error

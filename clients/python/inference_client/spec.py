@@ -70,6 +70,10 @@ class SamplingOptions(TypedDict, total=False):
     stop: Sequence[str]
     ignore_eos: bool
     priority: str | int
+    logprobs: bool
+    top_logprobs: int
+    n: int
+    echo_prompt_logprobs: bool
 
 
 class GenerateOptions(SamplingOptions, total=False):
@@ -107,11 +111,20 @@ class RequestSpec:
     lark_grammar: str | None = None
     gbnf_grammar: str | None = None
     request_id: str | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    n: int | None = None
+    echo_prompt_logprobs: bool = False
 
     def sampling(self) -> pb.SamplingParams:
         """The SamplingParams message; unset fields stay unset (server defaults)."""
-        params = pb.SamplingParams(stop=list(self.stop), ignore_eos=self.ignore_eos)
-        for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed"):
+        params = pb.SamplingParams(
+            stop=list(self.stop),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+            echo_prompt_logprobs=self.echo_prompt_logprobs,
+        )
+        for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "top_logprobs", "n"):
             value = getattr(self, name)
             if value is not None:
                 setattr(params, name, value)
