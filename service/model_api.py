@@ -101,22 +101,10 @@ class ModelApi:
         self._sha256 = _hash_in_background(path)
         self._info: pb.GetModelInfoResponse | None = None
 
-    # -- tokens ----------------------------------------------------------------------------
-    async def _tokens(self, req: pb.TokenizeRequest | pb.CountTokensRequest) -> tuple[str, list[int]]:
-        size = len(req.text.encode()) + sum(len(m.content.encode()) for m in req.messages)
-        if size > MAX_TOKENIZE_BYTES:
-            raise BadRequest(f"input is {size} bytes; at most {MAX_TOKENIZE_BYTES} bytes per call")
-        add = req.add_special if req.HasField("add_special") else None
-        parse = req.parse_special if req.HasField("parse_special") else None
-        return await asyncio.to_thread(
-            self.builder.render_tokens, req.text, list(req.messages), add, parse, "text"
-        )
-
+    # -- tokens (each call runs in a worker thread; see the module note) ------------------
     async def tokenize(self, req: pb.TokenizeRequest) -> pb.TokenizeResponse:
         """Token ids and pieces of the text or rendered chat, tokenized exactly as Generate does."""
-        text, ids = await self._tokens(req)
-        pieces = [self.vocab.piece(t, special=True) for t in ids]
-        return pb.TokenizeResponse(token_ids=ids, pieces=pieces, prompt=text)
+        return await asyncio.to_thread(self._tokenize, req)
 
     async def count_tokens(self, req: pb.CountTokensRequest) -> pb.CountTokensResponse:
         """The prompt's token count (Generate's usage.prompt_tokens) and the room left after it.
@@ -124,26 +112,39 @@ class ModelApi:
         NOTE: a prompt longer than the context is counted, not refused (Generate
         would refuse it): callers count in order to truncate.
         """
-        ids = (await self._tokens(req))[1]
+        count = len((await asyncio.to_thread(self._tokens, req))[1])
         limit = self.builder.limits.max_context
-        return pb.CountTokensResponse(count=len(ids), context_size=limit, max_new_tokens=max(0, limit - len(ids)))
+        return pb.CountTokensResponse(count=count, context_size=limit, max_new_tokens=max(0, limit - count))
 
     async def detokenize(self, req: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
         """The bytes of the tokens, as Generate streams them (control tokens only with render_special)."""
-        ids = list(req.token_ids)
-        if len(ids) > MAX_DETOKENIZE_TOKENS:
-            raise BadRequest(f"{len(ids)} token ids; at most {MAX_DETOKENIZE_TOKENS} per call")
-        raw = await asyncio.to_thread(self._detokenize, ids, req.render_special)
-        return pb.DetokenizeResponse(text=raw.decode("utf-8", "replace"), raw=raw)
+        if len(req.token_ids) > MAX_DETOKENIZE_TOKENS:
+            raise BadRequest(f"{len(req.token_ids)} token ids; at most {MAX_DETOKENIZE_TOKENS} per call")
+        return await asyncio.to_thread(self._detokenize, list(req.token_ids), req.render_special)
 
-    def _detokenize(self, ids: list[int], render_special: bool) -> bytes:
+    def _tokens(self, req: pb.TokenizeRequest | pb.CountTokensRequest) -> tuple[str, list[int]]:
+        size = len(req.text.encode()) + sum(len(m.content.encode()) for m in req.messages)
+        if size > MAX_TOKENIZE_BYTES:
+            raise BadRequest(f"input is {size} bytes; at most {MAX_TOKENIZE_BYTES} bytes per call")
+        add = req.add_special if req.HasField("add_special") else None
+        parse = req.parse_special if req.HasField("parse_special") else None
+        return self.builder.render_tokens(req.text, list(req.messages), add, parse, "text")
+
+    def _tokenize(self, req: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        text, ids = self._tokens(req)
+        pieces = [self.vocab.piece(t, special=True) for t in ids]
+        return pb.TokenizeResponse(token_ids=ids, pieces=pieces, prompt=text)
+
+    def _detokenize(self, ids: list[int], render_special: bool) -> pb.DetokenizeResponse:
         n = self.vocab.n_vocab
         for i, t in enumerate(ids):
             if not 0 <= t < n:
                 raise BadRequest(f"token_ids[{i}] = {t} is outside the vocabulary (0 .. {n - 1})")
         if render_special:
-            return b"".join(self.vocab.piece(t, special=True) for t in ids)
-        return b"".join(self.vocab.token_bytes[t] for t in ids)
+            raw = b"".join(self.vocab.piece(t, special=True) for t in ids)
+        else:
+            raw = b"".join(self.vocab.token_bytes[t] for t in ids)
+        return pb.DetokenizeResponse(text=raw.decode("utf-8", "replace"), raw=raw)
 
     # -- model info --------------------------------------------------------------------------
     async def model_info(self) -> pb.GetModelInfoResponse:
