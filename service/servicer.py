@@ -238,12 +238,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, seq: Sequence, replay: Replay, context: grpc.aio.ServicerContext
     ) -> pb.GenerateJSONResponse:
         """A response-cache answer: the stored document (validated again) or the cache's error status."""
-        if replay.hit is None:
-            status, message = replay.error or ("CANCELLED", "request cancelled")
+        hit = replay.hit
+        if hit is None:
+            status, message, _ = replay.error or ("CANCELLED", "request cancelled", 0)
             await context.abort(grpc.StatusCode[status], message)
+            raise AssertionError("unreachable")  # pragma: no cover - abort raises
         response = await self._json_response(seq, replay.events, context)
         response.cache_hit = True
-        response.semantic_cache_hit = replay.hit.semantic
+        response.semantic_cache_hit = hit.semantic
         return response
 
     # -- GetMetrics ------------------------------------------------------------------------------
