@@ -7,6 +7,7 @@ Commands::
     inference-client metrics [--json]
     inference-client health [--service NAME]
     inference-client tokenize TEXT [--chat] [--ids|--json]   (and detokenize, count, info: cli_model.py)
+    inference-client batch submit|status|results|cancel|list ...   (batch jobs: batch_cli.py)
 
 Global options: ``--target`` (default ``$INFERENCE_TARGET`` or localhost:50051),
 ``--timeout`` seconds, ``--retries`` attempts; TLS with ``--tls-ca`` (and
@@ -27,6 +28,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .batch_cli import COMMANDS as BATCH_COMMANDS
+from .batch_cli import add_commands as add_batch_commands
 from .cli_logprobs import print_result
 from .cli_model import COMMANDS as MODEL_COMMANDS
 from .cli_model import add_commands as add_model_commands
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="print the health status (exit 0 if SERVING)")
     health.add_argument("--service", default="", help='service name ("" = the whole server)')
     add_model_commands(sub)
+    add_batch_commands(sub)
     return parser
 
 
@@ -204,6 +208,7 @@ def cmd_health(client: InferenceClient, args: argparse.Namespace) -> int:
 
 _COMMANDS = {"generate": cmd_generate, "json": cmd_json, "metrics": cmd_metrics, "health": cmd_health}
 _COMMANDS.update(MODEL_COMMANDS)
+_COMMANDS.update(BATCH_COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

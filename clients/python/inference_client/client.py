@@ -25,6 +25,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from .balancing import AffinityPool, balanced_options, balancing_mode
+from .batch import BatchApi
 from .generation import Generation
 from .metrics import metrics_to_dict
 from .model_calls import count_request, detokenize_request, tokenize_request
@@ -94,6 +95,8 @@ class InferenceClient:
         self._stub = pb_grpc.InferenceServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._registry = StreamRegistry()
+        # Batch jobs (inference.v1.BatchService): submit/get/cancel/list/watch/wait/results.
+        self.batches = BatchApi(self.channel, self.retry, self.metadata, timeout)
 
     def _timeout(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -265,6 +268,18 @@ class InferenceClient:
             self._timeout(timeout),
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+    def submit_batch(self, items: Iterable[Any], **options: Any) -> Any:
+        """Upload a batch job (items: BatchItem protos, OpenAI batch-input dicts or simple dicts); see ``batch.py``."""
+        return self.batches.submit(items, **options)
+
+    def wait_batch(self, batch_id: str, on_progress: Any = None) -> Any:
+        """Block until the job is final (COMPLETED, FAILED, CANCELLED or EXPIRED); returns the Batch."""
+        return self.batches.wait(batch_id, on_progress)
+
+    def batch_results(self, batch_id: str, *, order: str = "custom_id", cursor: str = "") -> Any:
+        """Iterate the finished items' results (``order`` "custom_id" or "completion"), resuming on failures."""
+        return self.batches.results(batch_id, order=order, cursor=cursor)
 
     def close(self) -> None:
         """Close the channel if the client created it (and the per-replica channels of ``prefix_affinity``)."""
