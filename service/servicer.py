@@ -256,22 +256,22 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     # -- Tokenize / Detokenize / CountTokens / GetModelInfo (service.model_api) ------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> Any:
-        return await self._model_call(context, self.model_api.tokenize, request)
+        return await self._model_call(context, lambda: self.model_api.tokenize(request))
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext) -> Any:
-        return await self._model_call(context, self.model_api.detokenize, request)
+        return await self._model_call(context, lambda: self.model_api.detokenize(request))
 
     async def CountTokens(self, request: pb.CountTokensRequest, context: grpc.aio.ServicerContext) -> Any:
-        return await self._model_call(context, self.model_api.count_tokens, request)
+        return await self._model_call(context, lambda: self.model_api.count_tokens(request))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> Any:
-        return await self._model_call(context, lambda _request: self.model_api.model_info(), request)
+        return await self._model_call(context, lambda: self.model_api.model_info())
 
-    async def _model_call(self, context: grpc.aio.ServicerContext, call: Any, request: Any) -> Any:
-        """Answer a model RPC once the model is loaded; a BadRequest becomes its status."""
+    async def _model_call(self, context: grpc.aio.ServicerContext, call: Any) -> Any:
+        """Answer a model RPC (``call()``, once the model is loaded); a BadRequest becomes its status."""
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model is loading; retry shortly")
         try:
-            return await call(request)
+            return await call()
         except BadRequest as exc:
             await context.abort(grpc.StatusCode[exc.status], str(exc))

@@ -137,6 +137,8 @@ def test_health_not_serving_while_loading_and_draining() -> None:
         for call in (
             lambda: run_stream(ch, [req("early", "Hi", 2)]),
             lambda: stub.GetMetrics(pb.GetMetricsRequest()),
+            lambda: stub.Tokenize(pb.TokenizeRequest(text="Hi")),
+            lambda: stub.GetModelInfo(pb.GetModelInfoRequest()),
         ):
             with pytest.raises(grpc.RpcError) as err:
                 call()
