@@ -24,9 +24,11 @@ from typing import Any
 from inference.v1 import inference_pb2 as pb
 
 import service
+from service.logprobs import MAX_TOP_LOGPROBS
 from service.requests import (
     DEFAULT_JSON_MAX_TOKENS,
     DEFAULT_MAX_TOKENS,
+    MAX_CHOICES,
     MAX_STOP_STRINGS,
     BadRequest,
     RequestBuilder,
@@ -37,9 +39,6 @@ log = logging.getLogger("service.model_api")
 
 MAX_TOKENIZE_BYTES = 1 << 20  # text (or all message contents) of one Tokenize/CountTokens call
 MAX_DETOKENIZE_TOKENS = 1 << 18  # token ids of one Detokenize call
-# NOTE: the bounds SamplingParams documents (top_logprobs 0..20, n 1..16).
-MAX_TOP_LOGPROBS = 20
-MAX_CHOICES = 16
 # The ResponseFormat kinds, straight from the contract (the server accepts every one).
 RESPONSE_FORMATS = tuple(f.name for f in pb.ResponseFormat.DESCRIPTOR.oneofs_by_name["format"].fields)
 
