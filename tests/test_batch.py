@@ -247,3 +247,31 @@ def test_sigkill_mid_job_and_restart_finishes_every_item_exactly_once(tmp_path: 
             assert sum(r.attempts for r in out) <= 12 + 4  # only the (at most 4) running items ran twice
     finally:
         proc.kill()
+
+
+def test_cli_submits_openai_batch_jsonl_and_writes_one_result_line_per_item(
+    srv: RunningServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inference_client.cli import main
+
+    lines = [
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4, "temperature": 0}},
+        {"custom_id": "text", "body": {"prompt": "Once upon a time", "max_tokens": 4}},
+        {"custom_id": "doc", "body": {"prompt": "A user as JSON:", "max_tokens": 40, "temperature": 0,
+                                      "response_format": {"type": "json_object"}}},
+        {"custom_id": "empty", "body": {"prompt": "", "max_tokens": 4}},
+    ]
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    base = ["--target", srv.target, "batch"]
+    assert main([*base, "submit", str(path), "--name", "cli"]) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert main([*base, "status", job_id]) == 0  # returns once the job is final
+    assert "COMPLETED: 3 completed, 1 failed" in capsys.readouterr().out
+    assert main([*base, "results", job_id]) == 0
+    out = {r["custom_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert sorted(out) == ["chat", "doc", "empty", "text"]
+    assert isinstance(json.loads(out["doc"]["text"]), dict)
+    assert out["empty"]["error"]["status"] == "INVALID_ARGUMENT" and out["text"]["error"] is None
+    assert main([*base, "list"]) == 0 and job_id in capsys.readouterr().out

@@ -195,7 +195,9 @@ def result_to_dict(r: bpb.GetBatchResultsResponse) -> dict[str, Any]:
     out: dict[str, Any] = {
         "custom_id": r.custom_id,
         "text": r.text,
-        "finish_reason": pb.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower(),
+        "finish_reason": pb.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower()
+        if r.finish_reason
+        else None,
         "usage": MessageToDict(r.usage, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
         "timing": MessageToDict(r.timing, preserving_proto_field_name=True),
         "attempts": r.attempts,
