@@ -1,9 +1,12 @@
 // Command inference-client is a small example client for inference.v1.InferenceService.
 //
-// It streams one Generate request (printing the text as it arrives, then the
-// done event's finish reason, usage and timing) and makes one GenerateJSON
-// call (printing the JSON document). It exits non-zero on any failure, except
-// that a GenerateJSON answered with UNIMPLEMENTED is reported and tolerated.
+// It asks GetModelInfo what the server runs (printing the model name and
+// context size) and CountTokens how long the prompt is, streams one Generate
+// request (printing the text as it arrives, then the done event's finish
+// reason, usage and timing; the prompt_tokens must equal the count) and makes
+// one GenerateJSON call (printing the JSON document). It exits non-zero on any
+// failure, except that a GenerateJSON answered with UNIMPLEMENTED is reported
+// and tolerated.
 //
 // TLS: -tls-ca (CA of the server's certificate), -tls-cert/-tls-key (client
 // certificate for mTLS). A bearer token: -token, or $INFERENCE_TOKEN; it is sent
@@ -71,7 +74,14 @@ func run(addr, prompt string, maxTokens int32, jsonPrompt string, timeout time.D
 	defer conn.Close()
 	client := inferencev1.NewInferenceServiceClient(conn)
 
-	if err := generate(client, prompt, maxTokens, timeout); err != nil {
+	if err := modelInfo(client, timeout); err != nil {
+		return fmt.Errorf("GetModelInfo: %w", err)
+	}
+	promptTokens, err := countTokens(client, prompt, timeout)
+	if err != nil {
+		return fmt.Errorf("CountTokens: %w", err)
+	}
+	if err := generate(client, prompt, maxTokens, promptTokens, timeout); err != nil {
 		return fmt.Errorf("Generate: %w", err)
 	}
 	if skipJSON {
@@ -120,8 +130,39 @@ func callContext(timeout time.Duration) (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
+// modelInfo prints what the server runs: the model, its context and vocabulary.
+func modelInfo(client inferencev1.InferenceServiceClient, timeout time.Duration) error {
+	ctx, cancel := callContext(timeout)
+	defer cancel()
+	info, err := client.GetModelInfo(ctx, &inferencev1.GetModelInfoRequest{})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("[info] model=%q file=%s architecture=%s parameters=%d quantization=%s\n",
+		info.GetName(), info.GetFileName(), info.GetArchitecture(), info.GetParameterCount(), info.GetQuantization())
+	fmt.Printf("[info] context=%d (trained %d) vocab=%d max_running=%d server=%s\n",
+		info.GetLimits().GetContextSize(), info.GetTrainingContext(), info.GetVocabSize(), info.GetMaxRunning(),
+		info.GetServerVersion())
+	if info.GetFileName() == "" || info.GetLimits().GetContextSize() == 0 || info.GetVocabSize() == 0 {
+		return fmt.Errorf("model info lacks the file name, context size or vocabulary size")
+	}
+	return nil
+}
+
+// countTokens returns the number of tokens Generate will prefill for the prompt.
+func countTokens(client inferencev1.InferenceServiceClient, prompt string, timeout time.Duration) (uint32, error) {
+	ctx, cancel := callContext(timeout)
+	defer cancel()
+	resp, err := client.CountTokens(ctx, &inferencev1.CountTokensRequest{Text: prompt})
+	if err != nil {
+		return 0, err
+	}
+	fmt.Printf("[count] prompt_tokens=%d max_new_tokens=%d\n", resp.GetCount(), resp.GetMaxNewTokens())
+	return resp.GetCount(), nil
+}
+
 // generate sends one request on a Generate stream and prints its events.
-func generate(client inferencev1.InferenceServiceClient, prompt string, maxTokens int32, timeout time.Duration) error {
+func generate(client inferencev1.InferenceServiceClient, prompt string, maxTokens int32, promptTokens uint32, timeout time.Duration) error {
 	ctx, cancel := callContext(timeout)
 	defer cancel()
 	stream, err := client.Generate(ctx)
@@ -178,6 +219,9 @@ func generate(client inferencev1.InferenceServiceClient, prompt string, maxToken
 				t.GetQueueMs(), t.GetTtftMs(), t.GetTotalMs(), d.GetPreemptions())
 			if d.GetFinishReason() == inferencev1.FinishReason_FINISH_REASON_UNSPECIFIED {
 				return fmt.Errorf("done event without a finish reason")
+			}
+			if u.GetPromptTokens() != promptTokens {
+				return fmt.Errorf("prompt_tokens %d differs from CountTokens' %d", u.GetPromptTokens(), promptTokens)
 			}
 			return closeStream(stream)
 		default:

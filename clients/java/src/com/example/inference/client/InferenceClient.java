@@ -1,11 +1,15 @@
 package com.example.inference.client;
 
+import com.example.inference.v1.CountTokensRequest;
+import com.example.inference.v1.CountTokensResponse;
 import com.example.inference.v1.Done;
 import com.example.inference.v1.FinishReason;
 import com.example.inference.v1.GenerateJSONRequest;
 import com.example.inference.v1.GenerateJSONResponse;
 import com.example.inference.v1.GenerateRequest;
 import com.example.inference.v1.GenerateResponse;
+import com.example.inference.v1.GetModelInfoRequest;
+import com.example.inference.v1.GetModelInfoResponse;
 import com.example.inference.v1.InferenceServiceGrpc;
 import com.example.inference.v1.Priority;
 import com.example.inference.v1.SamplingParams;
@@ -38,10 +42,11 @@ import java.util.concurrent.TimeUnit;
 /**
  * Small example client for inference.v1.InferenceService.
  *
- * <p>Streams one Generate request (printing the text as it arrives, then the done event's finish
- * reason, usage and timing) and makes one GenerateJSON call (printing the JSON document). Exits
- * non-zero on any failure, except that a GenerateJSON answered with UNIMPLEMENTED is reported and
- * tolerated.
+ * <p>Asks GetModelInfo what the server runs (printing the model name and context size) and
+ * CountTokens how long the prompt is, streams one Generate request (printing the text as it arrives,
+ * then the done event's finish reason, usage and timing; prompt_tokens must equal the count) and
+ * makes one GenerateJSON call (printing the JSON document). Exits non-zero on any failure, except
+ * that a GenerateJSON answered with UNIMPLEMENTED is reported and tolerated.
  *
  * <p>Usage: {@code inference-client [-addr host:port] [-prompt TEXT] [-max-tokens N] [-timeout SECONDS]
  * [-skip-json] [-tls-ca FILE [-tls-cert FILE -tls-key FILE]] [-token TOKEN]}
@@ -136,7 +141,9 @@ public final class InferenceClient {
     Channel calls = withToken(channel, token);
     int rc = 0;
     try {
-      generate(calls, prompt, maxTokens, timeoutS);
+      modelInfo(calls, timeoutS);
+      int promptTokens = countTokens(calls, prompt, timeoutS);
+      generate(calls, prompt, maxTokens, promptTokens, timeoutS);
       if (!skipJson) {
         generateJson(calls, jsonPrompt, timeoutS);
       }
@@ -195,8 +202,43 @@ public final class InferenceClient {
     return b.toString();
   }
 
+  /** Prints what the server runs: the model, its context and vocabulary. */
+  private static void modelInfo(Channel channel, long timeoutS) throws ClientException {
+    GetModelInfoResponse info =
+        InferenceServiceGrpc.newBlockingStub(channel)
+            .withDeadlineAfter(timeoutS, TimeUnit.SECONDS)
+            .getModelInfo(GetModelInfoRequest.getDefaultInstance());
+    OUT.printf(
+        "[info] model=\"%s\" file=%s architecture=%s parameters=%d quantization=%s%n",
+        info.getName(),
+        info.getFileName(),
+        info.getArchitecture(),
+        info.getParameterCount(),
+        info.getQuantization());
+    OUT.printf(
+        "[info] context=%d (trained %d) vocab=%d max_running=%d server=%s%n",
+        info.getLimits().getContextSize(),
+        info.getTrainingContext(),
+        info.getVocabSize(),
+        info.getMaxRunning(),
+        info.getServerVersion());
+    if (info.getFileName().isEmpty() || info.getLimits().getContextSize() == 0 || info.getVocabSize() == 0) {
+      throw new ClientException("GetModelInfo: lacks the file name, context size or vocabulary size");
+    }
+  }
+
+  /** The number of tokens Generate will prefill for the prompt. */
+  private static int countTokens(Channel channel, String prompt, long timeoutS) {
+    CountTokensResponse resp =
+        InferenceServiceGrpc.newBlockingStub(channel)
+            .withDeadlineAfter(timeoutS, TimeUnit.SECONDS)
+            .countTokens(CountTokensRequest.newBuilder().setText(prompt).build());
+    OUT.printf("[count] prompt_tokens=%d max_new_tokens=%d%n", resp.getCount(), resp.getMaxNewTokens());
+    return resp.getCount();
+  }
+
   /** Sends one request on a Generate stream and prints its events. */
-  private static void generate(Channel channel, String prompt, int maxTokens, long timeoutS)
+  private static void generate(Channel channel, String prompt, int maxTokens, int promptTokens, long timeoutS)
       throws ClientException, InterruptedException {
     BlockingQueue<Object> events = new LinkedBlockingQueue<>();
     StreamObserver<GenerateRequest> requests =
@@ -279,6 +321,11 @@ public final class InferenceClient {
           if (done.getFinishReason() == FinishReason.FINISH_REASON_UNSPECIFIED) {
             requests.onError(Status.CANCELLED.asException());
             throw new ClientException("Generate: done event without a finish reason");
+          }
+          if (u.getPromptTokens() != promptTokens) {
+            requests.onError(Status.CANCELLED.asException());
+            throw new ClientException(
+                "Generate: prompt_tokens " + u.getPromptTokens() + " differs from CountTokens' " + promptTokens);
           }
           closeStream(requests, events);
           return;
