@@ -178,7 +178,7 @@ def test_bad_items_are_reported_per_item_and_a_job_of_only_bad_items_fails(stub:
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_restart_without_drain_on_the_same_db_gives_one_result_per_custom_id_and_tenants_stay_apart(
+def test_stop_without_drain_then_drain_then_restart_gives_one_result_per_custom_id_and_tenants_stay_apart(
     tmp_path: Path,
 ) -> None:
     from tests.test_security import TOKENS, tenants_doc
@@ -194,7 +194,7 @@ def test_restart_without_drain_on_the_same_db_gives_one_result_per_custom_id_and
             stub = bpb_grpc.BatchServiceStub(ch)
             items = [gen(cid, PROMPTS[i % 4], max_tokens=24, ignore_eos=True) for i, cid in enumerate(ids)]
             job_id = create(stub, items, md=alpha).id
-            wait_until(stub, job_id, lambda b: b.counts.completed >= 3, md=alpha)
+            wait_until(stub, job_id, lambda b: b.counts.completed >= 3 and b.counts.running > 0, md=alpha)
             for call, req in ((stub.GetBatch, bpb.GetBatchRequest), (stub.CancelBatch, bpb.CancelBatchRequest)):
                 with pytest.raises(grpc.RpcError) as err:
                     call(req(batch_id=job_id), timeout=10, metadata=ops)
@@ -206,15 +206,24 @@ def test_restart_without_drain_on_the_same_db_gives_one_result_per_custom_id_and
     try:
         with grpc.insecure_channel(second.target) as ch:
             stub = bpb_grpc.BatchServiceStub(ch)
+            wait_until(stub, job_id, lambda b: b.counts.completed >= 8 and b.counts.running > 0, md=alpha)
+        second.call(second.server.drain(0.05))  # SIGTERM's drain: a short grace, running items requeued
+    finally:
+        second.close()
+    third = start_server(batch_db=db, batch_max_running=4, auth_tokens=str(tenants))
+    try:
+        with grpc.insecure_channel(third.target) as ch:
+            stub = bpb_grpc.BatchServiceStub(ch)
             job = final(stub, job_id, md=alpha)
-            assert job.state == bpb.BATCH_STATE_COMPLETED and job.counts.completed == 20
+            assert job.state == bpb.BATCH_STATE_COMPLETED and job.counts.completed == 20 and job.counts.failed == 0
             out = assert_one_completed_result_each(stub, job_id, ids, md=alpha)
-            assert any(r.attempts == 2 for r in out), "items running at the stop ran again"
+            # items running at the stop and at the drain ran again from scratch (at least one each time)
+            assert sum(r.attempts for r in out) - len(ids) >= 2
             assert all(r.usage.completion_tokens == 24 for r in out)
             with pytest.raises(grpc.RpcError):
                 results(stub, job_id, md=ops)
     finally:
-        second.close()
+        third.close()
 
 
 def test_sigkill_mid_job_and_restart_finishes_every_item_exactly_once(tmp_path: Path) -> None:

@@ -199,8 +199,12 @@ def test_requeue_gives_the_item_back_unstarted(store: JobStore) -> None:
     store.requeue(c)
     (again,) = store.claim(1)
     assert again.attempt == 1 and again.custom_id == "a"
-    store.requeue(c)  # a requeue of the same (now current again) claim is fine, a stale one ignored
-    assert store.get_job("t1", job_id).counts.queued == 1  # type: ignore[union-attr]
+    store.requeue(again, started=True)  # cancelled by a drain after it started: the attempt counts
+    store.requeue(again)  # stale now: ignored
+    (third,) = store.claim(1)
+    assert third.attempt == 2
+    assert not store.finish(again, ItemState.COMPLETED, ok())
+    assert store.get_job("t1", job_id).counts.running == 1  # type: ignore[union-attr]
 
 
 def test_cancel_stops_queued_items_keeps_finished_results_and_waits_for_running_ones(store: JobStore) -> None:

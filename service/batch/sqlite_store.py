@@ -401,12 +401,12 @@ class SqliteJobStore(JobStore):
             self._close_if_done(db, claim.job_id)
         return True
 
-    def requeue(self, claim: Claim) -> None:
+    def requeue(self, claim: Claim, started: bool = False) -> None:
         with self._tx() as db:
             if self._current(db, claim):
                 db.execute(
-                    "UPDATE items SET state=?, attempts=attempts - 1 WHERE job_id=? AND custom_id=?",
-                    (ItemState.QUEUED.value, claim.job_id, claim.custom_id),
+                    "UPDATE items SET state=?, attempts=attempts - ? WHERE job_id=? AND custom_id=?",
+                    (ItemState.QUEUED.value, 0 if started else 1, claim.job_id, claim.custom_id),
                 )
                 self._stop_if_cancelled(db, claim.job_id)
 

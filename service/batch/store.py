@@ -211,8 +211,9 @@ class JobStore(abc.ABC):
         """Record the claim's outcome if it is still current; closes the job when it was its last item."""
 
     @abc.abstractmethod
-    def requeue(self, claim: Claim) -> None:
-        """A current claim goes back to queued (not run: drain, engine refusal); a stale one is ignored."""
+    def requeue(self, claim: Claim, started: bool = False) -> None:
+        """A current claim goes back to queued (the engine refused it, or a drain or an engine failure
+        cancelled it: ``started``, which keeps its attempt counted); a stale one is ignored."""
 
     @abc.abstractmethod
     def recover(self) -> int:

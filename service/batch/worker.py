@@ -197,7 +197,7 @@ class BatchWorker:
             state, result = outcome(run.seq, run.events, run.json_item, self.servicer.grammar)
             not_ours = state is ItemState.CANCELLED and run.aborted is None
             if (isinstance(last, Error) and last.status == "UNAVAILABLE") or not_ours:
-                await self.db("requeue", claim)  # drained or the engine failed: run it again later
+                await self.db("requeue", claim, True)  # drained or the engine failed: run it again later
             else:
                 if run.aborted is not None:
                     status, message = ABORT_WHY[run.aborted]
