@@ -198,6 +198,9 @@ def chat_formatter(template: str, bos_token: str, eos_token: str) -> Callable[[l
 # 670 ms. Hence the scheduler keeps steps that contain decode rows below 64
 # tokens and gives long prefill steps of their own (see Scheduler).
 MIXED_BATCH_MAX = 63
+# Logits rows beyond one per lane: the scheduler's per-step bound on rows of
+# prompt log-probabilities (``Scheduler.prompt_rows``).
+PROMPT_ROWS = 32
 
 
 class ModelRunner:
@@ -218,10 +221,11 @@ class ModelRunner:
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = n_lanes
-        # NOTE: llama.cpp sizes its logits buffer as n_vocab x max(outputs, n_seq_max)
-        # rows and requires n_outputs_max >= n_seq_max; we never ask for more than
-        # one output per lane, so this is also the tightest bound.
-        params.n_outputs_max = max(n_lanes, 1)
+        # NOTE: llama.cpp sizes its logits buffer as n_vocab x n_outputs_max rows and
+        # requires n_outputs_max >= n_seq_max: one row per lane, plus PROMPT_ROWS for
+        # steps that need logits at several positions of one sequence (prompt
+        # log-probabilities). Extra rows cost n_vocab x 4 bytes each.
+        params.n_outputs_max = max(n_lanes, 1) + PROMPT_ROWS
         params.n_threads = params.n_threads_batch = n_threads
         params.kv_unified = True
         # NOTE: full-size SWA cache so a shared prefix keeps every cell it needs
@@ -235,6 +239,7 @@ class ModelRunner:
         self.n_batch = n_batch
         self.n_lanes = n_lanes
         self.mixed_batch_max = MIXED_BATCH_MAX
+        self.prompt_rows = PROMPT_ROWS
         self.mem = L.llama_get_memory(self.ctx)
         self.kv_buffer_bytes = int(sum(_kv_buffer_mib) * 1024 * 1024)
         self.kv_bytes_per_token = self._kv_bytes_per_token()
