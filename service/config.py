@@ -60,7 +60,7 @@ class ServerConfig:
     response_cache_db: str = ""
     response_cache_max_ttl_s: float = 3600.0
     semantic_cache: bool = False
-    semantic_cache_threshold: float = 0.9
+    semantic_cache_threshold: float = 0.95
     batch_db: str = "data/batch.db"
     batch_retention_hours: float = 168.0
     batch_max_running: int = 0

@@ -14,6 +14,7 @@ from inference.v1 import inference_pb2 as pb
 
 from service.events import Delta, Done
 from service.response_cache.cache import CacheConfig, ResponseCache, Ticket
+from service.response_cache.facts import facts, same_facts
 from service.response_cache.key import ModelIdentity, exact_key, semantic_scope, split_user_message
 from service.response_cache.store import Entry, MemoryStore, SqliteStore
 from service.sequence import FinishReason, SamplingParams, Sequence
@@ -335,3 +336,36 @@ def test_a_refused_leader_releases_its_waiters() -> None:
 
     done, result = asyncio.run(scenario())
     assert done and result is None  # it became the leader and runs itself
+
+
+# -- facts: what a semantic near-miss changes ---------------------------------------------------
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is 15 percent of 80?", "How much is 15 percent of 80?"),
+        ("What is the capital of France?", "What city serves as France's capital?"),
+        ("How many kilometers are in 5 miles?", "Convert 5 miles to kilometers."),
+        ("Is 97 a prime number?", "Is the number 97 prime?"),
+        ("Who was Albert Einstein?", "Tell me who Albert Einstein was."),
+    ],
+)
+def test_paraphrases_keep_their_facts(a: str, b: str) -> None:
+    assert same_facts(facts(a), facts(b))
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Is coffee bad for your heart?", "Is coffee not bad for your heart?"),  # negation
+        ("What is 15 percent of 80?", "What is 15 percent of 90?"),  # number
+        ("What is 2 to the power of 10?", "What is 10 to the power of 2?"),  # number order
+        ("What is the capital of France?", "What is the capital of Germany?"),  # name
+        ("How many ounces are in a cup?", "How many tablespoons are in a cup?"),  # unit
+        ("Convert 100 degrees Fahrenheit to Celsius.", "Convert 100 degrees Celsius to Fahrenheit."),  # binding
+        ("What is the largest ocean on Earth?", "What is the smallest ocean on Earth?"),  # superlative
+        ("Who painted the Mona Lisa?", "When was the Mona Lisa painted?"),  # kind of question
+        ("What is the boiling point of water?", "What is the freezing point of water?"),  # contrast
+    ],
+)
+def test_near_misses_change_their_facts(a: str, b: str) -> None:
+    assert not same_facts(facts(a), facts(b))

@@ -51,7 +51,7 @@ class CacheConfig:
     db_path: str = ""
     max_ttl_s: float = 3600.0
     semantic: bool = False
-    semantic_threshold: float = 0.9
+    semantic_threshold: float = 0.95
 
 
 @dataclass

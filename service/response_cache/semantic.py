@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from service.response_cache.facts import Facts, facts, same_facts
 
 MAX_SEQ_TOKENS = 256  # the model's max_seq_length (sentence_bert_config.json)
 HEADS = 12
@@ -140,97 +141,6 @@ class MiniLM:
         return self.embed_many([text])[0]
 
 
-# -- facts: what a near-miss changes --------------------------------------------------------
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_WORD = re.compile(r"[A-Za-z][A-Za-z'’]*|[%°$€£¥]")
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-NUMBER_WORDS = _words(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million "
-    "billion trillion half quarter dozen first second third fourth fifth once twice double triple"
-)
-NEGATIONS = _words(
-    "not no never none nobody nothing neither nor without cannot isn't aren't wasn't "
-    "weren't don't doesn't didn't won't wouldn't can't couldn't shouldn't hasn't haven't "
-    "hadn't mustn't"
-)
-UNITS = {  # synonym -> canonical
-    **dict.fromkeys(["km", "kilometer", "kilometers", "kilometre", "kilometres"], "km"),
-    **dict.fromkeys(["mi", "mile", "miles"], "mile"),
-    **dict.fromkeys(["m", "meter", "meters", "metre", "metres"], "m"),
-    **dict.fromkeys(["cm", "centimeter", "centimeters"], "cm"),
-    **dict.fromkeys(["mm", "millimeter", "millimeters"], "mm"),
-    **dict.fromkeys(["ft", "foot", "feet"], "ft"),
-    **dict.fromkeys(["in", "inch", "inches"], "inch"),
-    **dict.fromkeys(["yd", "yard", "yards"], "yard"),
-    **dict.fromkeys(["kg", "kilogram", "kilograms", "kilo", "kilos"], "kg"),
-    **dict.fromkeys(["g", "gram", "grams"], "g"),
-    **dict.fromkeys(["lb", "lbs", "pound", "pounds"], "lb"),
-    **dict.fromkeys(["oz", "ounce", "ounces"], "oz"),
-    **dict.fromkeys(["l", "liter", "liters", "litre", "litres"], "l"),
-    **dict.fromkeys(["ml", "milliliter", "milliliters"], "ml"),
-    **dict.fromkeys(["gal", "gallon", "gallons"], "gal"),
-    **dict.fromkeys(["c", "celsius", "centigrade"], "celsius"),
-    **dict.fromkeys(["f", "fahrenheit"], "fahrenheit"),
-    **dict.fromkeys(["kelvin"], "kelvin"),
-    **dict.fromkeys(["s", "sec", "second", "seconds"], "s"),
-    **dict.fromkeys(["min", "minute", "minutes"], "min"),
-    **dict.fromkeys(["h", "hr", "hour", "hours"], "h"),
-    **dict.fromkeys(["day", "days"], "day"),
-    **dict.fromkeys(["week", "weeks"], "week"),
-    **dict.fromkeys(["month", "months"], "month"),
-    **dict.fromkeys(["year", "years"], "year"),
-    **dict.fromkeys(["mph"], "mph"),
-    **dict.fromkeys(["kph", "kmh"], "kph"),
-    **dict.fromkeys(["$", "usd", "dollar", "dollars"], "usd"),
-    **dict.fromkeys(["€", "eur", "euro", "euros"], "eur"),
-    **dict.fromkeys(["£", "gbp", "sterling"], "gbp"),
-    **dict.fromkeys(["¥", "yen", "jpy"], "jpy"),
-    **dict.fromkeys(["%", "percent", "percentage"], "percent"),
-    **dict.fromkeys(["kb", "kilobyte", "kilobytes"], "kb"),
-    **dict.fromkeys(["mb", "megabyte", "megabytes"], "mb"),
-    **dict.fromkeys(["gb", "gigabyte", "gigabytes"], "gb"),
-    **dict.fromkeys(["tb", "terabyte", "terabytes"], "tb"),
-    **dict.fromkeys(["byte", "bytes"], "byte"),
-    **dict.fromkeys(["w", "watt", "watts"], "w"),
-    **dict.fromkeys(["kw", "kilowatt", "kilowatts"], "kw"),
-    **dict.fromkeys(["kwh"], "kwh"),
-    **dict.fromkeys(["v", "volt", "volts"], "v"),
-    **dict.fromkeys(["acre", "acres"], "acre"),
-    **dict.fromkeys(["hectare", "hectares", "ha"], "ha"),
-    **dict.fromkeys(["cup", "cups"], "cup"),
-    **dict.fromkeys(["tablespoon", "tablespoons", "tbsp"], "tbsp"),
-    **dict.fromkeys(["teaspoon", "teaspoons", "tsp"], "tsp"),
-}
-# Capitalised words that are not names (sentence openers, question words, pronouns).
-NOT_NAMES = _words(
-    "a an the i i'm i've i'd what what's how why when where who whom whose which is are was were do does did "
-    "can could would should will shall may might must please tell give show explain describe list name write "
-    "summarize summarise translate convert calculate compute find define compare in on at for to of from by with "
-    "and or but if my your our their his her its this that these those there here it hey hi hello ok okay "
-    "quick quickly briefly kindly help let let's make create generate suggest recommend"
-)
-
-
-def facts(text: str) -> tuple[frozenset[str], bool, frozenset[str], frozenset[str]]:
-    """(numbers, has a negation, units, capitalised names) of ``text``, normalised."""
-    numbers = {n.replace(",", "") for n in _NUMBER.findall(text)}
-    words = _WORD.findall(text)
-    lower = [w.lower().replace("’", "'") for w in words]
-    numbers |= {w for w in lower if w in NUMBER_WORDS}
-    negated = any(w in NEGATIONS or w.endswith("n't") for w in lower)
-    units = frozenset(UNITS[w] for w in lower if w in UNITS)
-    names = frozenset(
-        lw for w, lw in zip(words, lower, strict=True) if w[:1].isupper() and lw not in NOT_NAMES
-    )
-    return frozenset(numbers), negated, units, names
-
-
 class SemanticIndex:
     """Embeddings of stored answers' user messages, by scope; bounded by ``max_entries`` (oldest out)."""
 
@@ -238,7 +148,7 @@ class SemanticIndex:
         self.embedder = embedder
         self.threshold = threshold
         self.max_entries = max_entries
-        self._rows: OrderedDict[str, tuple[str, np.ndarray, tuple[Any, ...]]] = OrderedDict()  # key -> row
+        self._rows: OrderedDict[str, tuple[str, np.ndarray, Facts]] = OrderedDict()  # key -> row
         self._by_scope: dict[str, set[str]] = {}
 
     def embed(self, text: str) -> np.ndarray:
@@ -271,7 +181,7 @@ class SemanticIndex:
         for i in np.argsort(-sims):
             if sims[i] < self.threshold:
                 return None
-            if self._rows[keys[int(i)]][2] == want:
+            if same_facts(self._rows[keys[int(i)]][2], want):
                 return keys[int(i)]
         return None
 
