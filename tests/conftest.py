@@ -9,6 +9,7 @@ asserted empty by ``assert_kv_clean``.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from service.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Server processes started by tests keep batch jobs in memory, not in ./data (tests/test_batch.py passes files).
+os.environ.setdefault("INFERENCE_BATCH_DB", ":memory:")
 
 
 @dataclass

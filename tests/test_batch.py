@@ -85,7 +85,7 @@ def stub(srv: RunningServer) -> Iterator[Any]:
 
 
 def test_many_small_items_complete_with_one_result_each_in_both_orders(srv: RunningServer, stub: Any) -> None:
-    items = [gen(f"item-{i:03d}", PROMPTS[i % 4], max_tokens=1 + i % 4) for i in range(48)]
+    items = [gen(f"item-{i:03d}", PROMPTS[i % 4], max_tokens=1 + i % 4) for i in range(30)]
     schema = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
     sp = pb.SamplingParams(max_tokens=24, temperature=0.0)
     items.append(bpb.BatchItem(custom_id="json", generate_json=pb.GenerateJSONRequest(
@@ -93,15 +93,15 @@ def test_many_small_items_complete_with_one_result_each_in_both_orders(srv: Runn
     chat = [pb.ChatMessage(role="user", content="Say hi")]
     items.append(bpb.BatchItem(custom_id="chat", generate=pb.GenerateRequest(messages=chat, sampling=sp)))
     created = create(stub, items, display_name="small", metadata={"team": "a"})
-    assert created.state == bpb.BATCH_STATE_IN_PROGRESS and created.counts.total == 50
+    assert created.state == bpb.BATCH_STATE_IN_PROGRESS and created.counts.total == 32
     watched = list(stub.WatchBatch(bpb.WatchBatchRequest(batch_id=created.id, min_interval_ms=50), timeout=90))
     assert watched[-1].batch.state == bpb.BATCH_STATE_COMPLETED  # the stream ends in the final state
     job = get(stub, created.id)
-    assert (job.counts.completed, job.counts.failed, job.counts.running, job.counts.queued) == (50, 0, 0, 0)
+    assert (job.counts.completed, job.counts.failed, job.counts.running, job.counts.queued) == (32, 0, 0, 0)
     assert job.options.metadata["team"] == "a" and job.HasField("completed_at") and job.HasField("finalizing_at")
     out = assert_one_completed_result_each(stub, created.id, [i.custom_id for i in items])
     by_id = {r.custom_id: r for r in out}
-    for i in range(48):
+    for i in range(30):
         assert by_id[f"item-{i:03d}"].usage.completion_tokens <= 1 + i % 4
     assert json.loads(by_id["json"].text)["ok"] in (True, False)
     assert sum(r.usage.completion_tokens for r in out) == job.usage.completion_tokens
@@ -113,24 +113,24 @@ def test_many_small_items_complete_with_one_result_each_in_both_orders(srv: Runn
 
 
 def test_cancel_mid_job_keeps_finished_results_and_never_starts_queued_items(srv: RunningServer, stub: Any) -> None:
-    items = [gen(f"c{i:02d}", PROMPTS[i % 4], max_tokens=40, ignore_eos=True) for i in range(40)]
+    items = [gen(f"c{i:02d}", PROMPTS[i % 4], max_tokens=24, ignore_eos=True) for i in range(30)]
     created = create(stub, items)
-    wait_until(stub, created.id, lambda b: b.counts.completed >= 2)
+    wait_until(stub, created.id, lambda b: b.counts.completed >= 1)
     cancelling = stub.CancelBatch(bpb.CancelBatchRequest(batch_id=created.id), timeout=10).batch
     assert cancelling.state in (bpb.BATCH_STATE_CANCELLING, bpb.BATCH_STATE_CANCELLED)
     job = final(stub, created.id)
     assert job.state == bpb.BATCH_STATE_CANCELLED and job.HasField("cancelled_at")
     c = job.counts
-    assert c.completed >= 2 and c.completed + c.cancelled == 40 and c.running == c.queued == 0
+    assert c.completed >= 1 and c.completed + c.cancelled == 30 and c.running == c.queued == 0
     out = results(stub, created.id)
-    assert len(out) == 40
+    assert len(out) == 30
     cancelled = [r for r in out if r.HasField("error")]
     assert all(r.error.status == "CANCELLED" for r in cancelled)
     never_started = [r for r in cancelled if r.attempts == 0]
-    assert len(never_started) >= 40 - 6 - c.completed  # at most --batch-max-running were in the engine
+    assert len(never_started) >= 30 - 6 - c.completed  # at most --batch-max-running were in the engine
     cut = [r for r in cancelled if r.attempts == 1]
-    assert all(r.finish_reason == pb.FINISH_REASON_CANCELLED and r.usage.completion_tokens < 40 for r in cut)
-    assert all(r.usage.completion_tokens == 40 for r in out if not r.HasField("error"))  # kept whole
+    assert all(r.finish_reason == pb.FINISH_REASON_CANCELLED and r.usage.completion_tokens < 24 for r in cut)
+    assert all(r.usage.completion_tokens == 24 for r in out if not r.HasField("error"))  # kept whole
     assert_kv_clean(srv)
 
 
@@ -228,7 +228,7 @@ def test_stop_without_drain_then_drain_then_restart_gives_one_result_per_custom_
 
 def test_sigkill_mid_job_and_restart_finishes_every_item_exactly_once(tmp_path: Path) -> None:
     db = str(tmp_path / "batch.db")
-    ids = [f"k{i:02d}" for i in range(12)]
+    ids = [f"k{i:02d}" for i in range(8)]
 
     def serve() -> tuple[ServerProcess, str]:
         proc = ServerProcess("--batch-db", db, "--batch-max-running", "4", env={"INFERENCE_LOG_FORMAT": "json"})
@@ -240,9 +240,9 @@ def test_sigkill_mid_job_and_restart_finishes_every_item_exactly_once(tmp_path: 
     try:
         with grpc.insecure_channel(target) as ch:
             stub = bpb_grpc.BatchServiceStub(ch)
-            items = [gen(cid, PROMPTS[i % 4], max_tokens=32, ignore_eos=True) for i, cid in enumerate(ids)]
+            items = [gen(cid, PROMPTS[i % 4], max_tokens=16, ignore_eos=True) for i, cid in enumerate(ids)]
             job_id = create(stub, items).id
-            before = wait_until(stub, job_id, lambda b: b.counts.completed >= 2 and b.counts.running > 0)
+            before = wait_until(stub, job_id, lambda b: b.counts.completed >= 1 and b.counts.running > 0)
         proc.proc.kill()  # SIGKILL: no drain, no cleanup
         proc.proc.wait(10)
         assert before.state == bpb.BATCH_STATE_IN_PROGRESS
@@ -250,10 +250,10 @@ def test_sigkill_mid_job_and_restart_finishes_every_item_exactly_once(tmp_path: 
         with grpc.insecure_channel(target) as ch:
             stub = bpb_grpc.BatchServiceStub(ch)
             job = final(stub, job_id)
-            assert job.state == bpb.BATCH_STATE_COMPLETED and job.counts.completed == 12
+            assert job.state == bpb.BATCH_STATE_COMPLETED and job.counts.completed == 8
             out = assert_one_completed_result_each(stub, job_id, ids)
             assert any(r.attempts == 2 for r in out), "items running at the kill ran again"
-            assert sum(r.attempts for r in out) <= 12 + 4  # only the (at most 4) running items ran twice
+            assert sum(r.attempts for r in out) <= 8 + 4  # only the (at most 4) running items ran twice
     finally:
         proc.kill()
 

@@ -7,6 +7,7 @@ ready and stops before it.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import Any
 
@@ -19,6 +20,7 @@ from service.batch.sqlite_store import SqliteJobStore
 from service.batch.worker import BatchWorker
 from service.wire import add_servicer
 
+log = logging.getLogger("service.batch")
 DESCRIPTOR = bpb.DESCRIPTOR.services_by_name["BatchService"]
 BATCH_SERVICE_NAME = DESCRIPTOR.full_name
 
@@ -29,8 +31,12 @@ class BatchService:
     def __init__(self, config: Any, inference: Any, telemetry: Any = None) -> None:
         try:
             store = SqliteJobStore(config.batch_db, retention_s=config.batch_retention_hours * 3600)
+            # NOTE: before the server listens: a CreateBatch must never race the removal of broken uploads
+            requeued = store.recover()
         except sqlite3.Error as exc:
             raise OSError(f"--batch-db {config.batch_db}: {exc}") from exc
+        if requeued:
+            log.info("batch: %d items that were running at the last stop are queued again", requeued)
         self.db = StoreThread(store)
         cap = config.batch_max_running or max(1, config.max_running // 2)
         provider = getattr(telemetry, "tracer_provider", None)

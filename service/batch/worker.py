@@ -79,10 +79,7 @@ class BatchWorker:
         self._backoff_until = 0.0
 
     async def start(self) -> None:
-        """Requeue what a previous run left RUNNING, then start the scheduling task."""
-        requeued = await self.db("recover")
-        if requeued:
-            log.info("batch: %d items that were running at the last stop are queued again", requeued)
+        """Start the scheduling task (the store was recovered before the server listened)."""
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     def notify(self, stopping: bool = False) -> None:
