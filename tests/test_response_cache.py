@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,8 +13,15 @@ import grpc
 import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.conftest import RunningServer, start_server
+from service.server import InferenceServer
+from service.telemetry import OTelTelemetry
+from tests.conftest import RunningServer, server_config, start_server
 from tests.helpers import Result, req, run_stream
 
 pytestmark = pytest.mark.model
@@ -148,3 +158,44 @@ def test_answers_survive_a_restart_with_a_cache_file(tmp_path: Path) -> None:
     finally:
         second_server.close()
     assert replay.done is not None and replay.done.cache_hit and replay.text == first.text
+
+
+def test_cache_hit_is_on_the_request_span_and_in_the_otel_metrics() -> None:
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    telemetry = OTelTelemetry(tracer_provider, MeterProvider(metric_readers=[reader]))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = InferenceServer(server_config(response_cache_bytes=1 << 20), telemetry)
+
+    def call(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(120)
+
+    try:
+        port = call(server.start())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.InferenceServiceStub(ch)
+            for rid in ("o1", "o2"):
+                _one(stub, _cached(rid, "Traced prompt"))
+            time.sleep(0.6)  # > otel_metrics.SNAPSHOT_TTL_S
+            cache = stub.GetMetrics(pb.GetMetricsRequest()).response_cache
+    finally:
+        call(server.stop())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    by_rid = {s.attributes.get("inference.request_id"): s for s in spans.get_finished_spans()}
+    assert (by_rid["o1"].attributes["cache.hit"], by_rid["o2"].attributes["cache.hit"]) == (False, True)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        p.attributes["inference.response_cache.outcome"]: p.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == "inference.response_cache.requests"
+        for p in metric.data.data_points
+    }
+    assert (points["exact_hit"], points["miss"]) == (cache.hits, cache.misses) == (1, 1)
