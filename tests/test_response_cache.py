@@ -186,12 +186,14 @@ def test_cache_hit_is_on_the_request_span_and_in_the_otel_metrics() -> None:
         call(server.stop())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
-    by_rid = {s.attributes.get("inference.request_id"): s for s in spans.get_finished_spans()}
-    assert (by_rid["o1"].attributes["cache.hit"], by_rid["o2"].attributes["cache.hit"]) == (False, True)
+    attrs: dict[Any, Any] = {
+        (s.attributes or {}).get("inference.request_id"): s.attributes for s in spans.get_finished_spans()
+    }
+    assert (attrs["o1"]["cache.hit"], attrs["o2"]["cache.hit"]) == (False, True)
     data = reader.get_metrics_data()
     assert data is not None
-    points = {
-        p.attributes["inference.response_cache.outcome"]: p.value
+    points: dict[Any, Any] = {
+        (p.attributes or {}).get("inference.response_cache.outcome"): getattr(p, "value", None)
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
         for metric in sm.metrics
