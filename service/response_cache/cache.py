@@ -175,8 +175,11 @@ class ResponseCache:
             loop = asyncio.get_running_loop()
             t.vector = await loop.run_in_executor(None, self.semantic.embed, t.user_text)
         key = self.semantic.nearest(t.scope, t.user_text, t.vector, exclude=t.key)
-        entry = self.store.get(key) if key is not None else None
-        if entry is None:
+        if key is None:
+            return None
+        entry = self.store.get(key)
+        if entry is None:  # evicted or expired since: forget it
+            self.semantic.remove(key)
             return None
         self.counters.hits += 1
         self.counters.semantic_hits += 1

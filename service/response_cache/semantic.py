@@ -142,9 +142,13 @@ class MiniLM:
 
 
 class SemanticIndex:
-    """Embeddings of stored answers' user messages, by scope; bounded by ``max_entries`` (oldest out)."""
+    """Embeddings of stored answers' user messages, by scope; bounded by ``max_entries`` (oldest out).
 
-    def __init__(self, embedder: Any, threshold: float, max_entries: int = 50_000) -> None:
+    NOTE: 10,000 rows of 384 float32 are 15 MiB, beside the exact cache's byte bound; rows whose
+    entry was evicted are dropped when a lookup finds them.
+    """
+
+    def __init__(self, embedder: Any, threshold: float, max_entries: int = 10_000) -> None:
         self.embedder = embedder
         self.threshold = threshold
         self.max_entries = max_entries
