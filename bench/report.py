@@ -445,6 +445,10 @@ def render_i(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+from bench.s_api import render as render_api  # noqa: E402
+
+from bench.s_cache import render as render_k  # noqa: E402
+
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "A": render_a,
     "B": render_b,
@@ -455,6 +459,8 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "G": render_g,
     "H": render_h,
     "I": render_i,
+    "K": render_k,
+    "M": render_api,
 }
 
 

@@ -40,15 +40,24 @@ class TokenLogprob:
     top: tuple[TopLogprob, ...] = ()
 
 
-def log_softmax_at(row: np.ndarray, temperature: float, ids: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """Log-probabilities of ``ids`` in ``row`` at ``temperature``; also (max, log-normaliser) used."""
-    scale = 1.0 / temperature if temperature > 0 else 1.0
-    top = float(np.max(row))
-    # float64 accumulation: the normaliser sums up to 262k terms.
-    z = float(np.exp((row - top) * scale, dtype=np.float64).sum())
-    lse = float(np.log(z))
-    vals = (row[ids].astype(np.float64) - top) * scale - lse
-    return vals, top, lse
+def log_softmax_at(row: np.ndarray, temperature: float, ids: np.ndarray) -> np.ndarray:
+    """Log-probabilities of ``ids`` in ``row`` (float32 logits) at ``temperature``."""
+    scale = np.float32(1.0 / temperature if temperature > 0 else 1.0)
+    top = row.max()
+    shifted = row - top
+    if scale != 1.0:
+        shifted *= scale
+    # NOTE: exp and sum in float32 (numpy sums pairwise: relative error ~1e-6 over 262k
+    # entries), 3-4x faster than float64.
+    lse = float(np.log(np.exp(shifted, out=shifted).sum()))
+    return (row[ids].astype(np.float64) - float(top)) * float(scale) - lse
+
+
+# Candidates for the top alternatives: entries within this many logits of the best (a
+# probability ratio of e^-4 = 1.8%). Usually a few dozen, which argpartition orders in
+# microseconds instead of partitioning the whole (up to 262k) row; fewer than k falls back
+# to the whole row.
+_TOP_WINDOW = 4.0
 
 
 def top_ids(row: np.ndarray, k: int) -> np.ndarray:
@@ -56,7 +65,11 @@ def top_ids(row: np.ndarray, k: int) -> np.ndarray:
     if k <= 0:
         return np.empty(0, dtype=np.int64)
     k = min(k, row.shape[0])
-    idx = np.argpartition(row, -k)[-k:]
+    cand = np.flatnonzero(row >= row.max() - _TOP_WINDOW)
+    if len(cand) < k:
+        cand = np.arange(row.shape[0])
+    idx = cand[np.argpartition(row[cand], -k)[-k:]] if len(cand) > k else cand
+    idx = np.sort(idx)  # ties: lower token id first
     idx = idx[np.argsort(-row[idx], kind="stable")]
     return idx[np.isfinite(row[idx])]
 
@@ -67,7 +80,7 @@ def token_logprob(
     """The sampled ``token``'s entry (with ``top_k`` alternatives) from its logits ``row``."""
     alts = top_ids(row, top_k)
     ids = np.concatenate([np.asarray([token], dtype=np.int64), alts])
-    vals, _, _ = log_softmax_at(row, temperature, ids)
+    vals = log_softmax_at(row, temperature, ids)
     top = tuple(TopLogprob(int(t), token_bytes[int(t)], float(v)) for t, v in zip(alts, vals[1:], strict=True))
     return TokenLogprob(int(token), token_bytes[int(token)], float(vals[0]), top)
 
