@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service.server import InferenceServer
 from service.telemetry import OTelTelemetry
 from tests.conftest import RunningServer, server_config, start_server
-from tests.helpers import Result, req, run_stream
+from tests.helpers import Result, collect, req, run_stream
 
 pytestmark = pytest.mark.model
 SCHEMA = '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}'
@@ -43,8 +45,6 @@ def stub(cached_server: RunningServer) -> Iterator[pb_grpc.InferenceServiceStub]
 
 
 def _one(stub: pb_grpc.InferenceServiceStub, request: pb.GenerateRequest) -> Result:
-    from tests.helpers import collect
-
     return collect(stub.Generate(iter([request]), timeout=120))[request.request_id]
 
 
@@ -201,3 +201,29 @@ def test_cache_hit_is_on_the_request_span_and_in_the_otel_metrics() -> None:
         for p in metric.data.data_points
     }
     assert (points["exact_hit"], points["miss"]) == (cache.hits, cache.misses) == (1, 1)
+
+
+def test_a_tenant_never_gets_another_tenants_cached_answer(tmp_path: Path) -> None:
+    tokens = {"alice": "tok-alice-1", "bob": "tok-bob-2"}
+    tenants = {name: {"token_sha256": [hashlib.sha256(t.encode()).hexdigest()]} for name, t in tokens.items()}
+    (tmp_path / "tenants.json").write_text(json.dumps({"tenants": tenants}))
+    srv = start_server(response_cache_bytes=1 << 20, auth_tokens=str(tmp_path / "tenants.json"))
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+
+            def ask(tenant: str, rid: str, policy: int = 0) -> Result:
+                auth = (("authorization", f"Bearer {tokens[tenant]}"),)
+                return collect(
+                    pb_grpc.InferenceServiceStub(ch).Generate(
+                        iter([_cached(rid, "Shared prompt", policy)]), metadata=auth, timeout=120
+                    )
+                )[rid]
+
+            first = ask("alice", "a1")
+            other = ask("bob", "b1", pb.CACHE_POLICY_ONLY_IF_CACHED)
+            again = ask("alice", "a2", pb.CACHE_POLICY_ONLY_IF_CACHED)
+    finally:
+        srv.close()
+    assert first.done is not None and not first.done.cache_hit
+    assert other.error is not None and other.error.status == "NOT_FOUND"
+    assert again.done is not None and again.done.cache_hit and again.text == first.text
