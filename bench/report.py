@@ -446,7 +446,7 @@ def render_i(r: dict[str, Any]) -> str:
 
 
 from bench.s_api import render as render_api  # noqa: E402
-
+from bench.s_batch import render as render_j  # noqa: E402
 from bench.s_cache import render as render_k  # noqa: E402
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -459,6 +459,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "G": render_g,
     "H": render_h,
     "I": render_i,
+    "J": render_j,
     "K": render_k,
     "M": render_api,
 }
