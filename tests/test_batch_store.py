@@ -301,3 +301,29 @@ def test_state_counts_report_jobs_and_backlog(store: JobStore) -> None:
     store.claim(1)
     counts = store.state_counts()
     assert counts["in_progress"] == 1 and counts["queued_items"] == 2 and counts["running_items"] == 1
+
+
+def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from service.batch.service import observe_batches
+
+    class Worker:
+        def rate(self) -> float:
+            return 2.5
+
+    started(store, "a", "b", "c")
+    store.claim(1)
+    reader = InMemoryMetricReader()
+    observe_batches(MeterProvider(metric_readers=[reader]).get_meter("t"), store, Worker())  # type: ignore[arg-type]
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        (m.name, tuple(sorted(p.attributes.items()))): p.value
+        for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics for p in m.data.data_points
+    }
+    assert points[("inference.batch.jobs", (("state", "in_progress"),))] == 1
+    assert points[("inference.batch.items", (("item_state", "queued"),))] == 2
+    assert points[("inference.batch.items", (("item_state", "running"),))] == 1
+    assert points[("inference.batch.items_per_second", ())] == 2.5
