@@ -284,3 +284,27 @@ def test_cli_submits_openai_batch_jsonl_and_writes_one_result_line_per_item(
     assert isinstance(json.loads(out["doc"]["text"]), dict)
     assert out["empty"]["error"]["status"] == "INVALID_ARGUMENT" and out["text"]["error"] is None
     assert main([*base, "list"]) == 0 and job_id in capsys.readouterr().out
+
+
+def test_each_item_run_has_a_span_linked_to_the_create_call_and_parent_of_its_request_span() -> None:
+    from opentelemetry.trace import SpanKind
+
+    from tests.test_observability import TRACE_ID, TRACEPARENT, Traced
+
+    traced = Traced()  # max_running 1: the batch cap is 1
+    try:
+        with grpc.insecure_channel(traced.srv.target) as ch:
+            stub = bpb_grpc.BatchServiceStub(ch)
+            job_id = create(stub, [gen("s1"), gen("s2")], md=TRACEPARENT).id
+            assert final(stub, job_id).counts.completed == 2
+        time.sleep(0.2)
+        spans = traced.spans.get_finished_spans()
+        rpc = next(s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER)
+        assert rpc.name == "/inference.v1.BatchService/CreateBatch"
+        items = [s for s in spans if s.name == "batch_item"]
+        assert len(items) == 2 and all(s.attributes["batch.id"] == job_id for s in items)
+        assert all([link.context.span_id for link in s.links] == [rpc.context.span_id] for s in items)
+        requests = [s for s in spans if s.parent is not None and s.parent.span_id in {i.context.span_id for i in items}]
+        assert len(requests) == 2 and all(s.name.startswith("text_completion") for s in requests)
+    finally:
+        traced.srv.close()

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import batch_pb2_grpc as bpb_grpc
+from opentelemetry import trace
 
 from service.auth import current_tenant
 from service.batch.convert import job_proto, result_proto, spec_of
@@ -130,7 +132,11 @@ class _Upload:
     async def add(self, msg: bpb.CreateBatchRequest) -> Job | None:
         """Store ``msg``'s items; returns an existing job when the idempotency key was used before."""
         if self.job is None:
-            job, created = await self.s.db("create_job", spec_of(msg.options, current_tenant()))
+            ctx = trace.get_current_span().get_span_context()  # the RPC span (tracing on): items link to it
+            spec = spec_of(msg.options, current_tenant())
+            if ctx.is_valid:
+                spec = replace(spec, trace=f"{ctx.trace_id:032x}-{ctx.span_id:016x}")
+            job, created = await self.s.db("create_job", spec)
             if not created:
                 return job
             self.job = job

@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, display_name TEXT NOT NULL, metadata TEXT NOT NULL,
     window_s INTEGER NOT NULL, priority INTEGER NOT NULL, idem_key TEXT NOT NULL, state TEXT NOT NULL,
     times TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL, ended_at REAL,
-    failure TEXT NOT NULL DEFAULT '', done_seq INTEGER NOT NULL DEFAULT 0);
+    failure TEXT NOT NULL DEFAULT '', done_seq INTEGER NOT NULL DEFAULT 0, trace TEXT NOT NULL DEFAULT '');
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key != '';
 CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs(tenant, created_at, id);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, priority, created_at);
@@ -122,10 +122,10 @@ class SqliteJobStore(JobStore):
             times = {JobState.VALIDATING.value: now}
             db.execute(
                 "INSERT INTO jobs (id, tenant, display_name, metadata, window_s, priority, idem_key, state, "
-                "times, created_at, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "times, created_at, expires_at, trace) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job_id, spec.tenant, spec.display_name, json.dumps(spec.metadata), spec.completion_window_s,
                  spec.priority, spec.idempotency_key, JobState.VALIDATING.value, json.dumps(times), now,
-                 now + spec.completion_window_s),
+                 now + spec.completion_window_s, spec.trace),
             )
             job = self._job(db, job_id, errors=True)
         assert job is not None
@@ -241,12 +241,12 @@ class SqliteJobStore(JobStore):
     def _job(self, db: sqlite3.Connection, job_id: str, errors: bool) -> Job | None:
         row = db.execute(
             "SELECT tenant, display_name, metadata, window_s, priority, idem_key, state, times, expires_at, "
-            "ended_at, failure FROM jobs WHERE id=?",
+            "ended_at, failure, trace FROM jobs WHERE id=?",
             (job_id,),
         ).fetchone()
         if row is None:
             return None
-        spec = JobSpec(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5])
+        spec = JobSpec(row[0], row[1], json.loads(row[2]), row[3], row[4], row[5], row[11])
         ended = row[9]
         job = Job(job_id, spec, JobState(row[6]), json.loads(row[7]), row[8],
                   ended + self.retention_s if ended is not None else None, failure=row[10])
@@ -341,15 +341,15 @@ class SqliteJobStore(JobStore):
         out: list[Claim] = []
         with self._tx() as db:
             jobs = db.execute(
-                "SELECT id, tenant, priority FROM jobs WHERE state=? ORDER BY priority DESC, created_at, id",
+                "SELECT id, tenant, priority, trace FROM jobs WHERE state=? ORDER BY priority DESC, created_at, id",
                 (JobState.IN_PROGRESS.value,),
             ).fetchall()
             for cls in sorted({j[2] for j in jobs}, reverse=True):
-                self._claim_round_robin(db, [(j[0], j[1]) for j in jobs if j[2] == cls], limit, out)
+                self._claim_round_robin(db, [(j[0], j[1], j[3]) for j in jobs if j[2] == cls], limit, out)
         return out
 
     def _claim_round_robin(
-        self, db: sqlite3.Connection, jobs: list[tuple[str, str]], limit: int, out: list[Claim]
+        self, db: sqlite3.Connection, jobs: list[tuple[str, str, str]], limit: int, out: list[Claim]
     ) -> None:
         """Claim into ``out`` from ``jobs`` (oldest first), sharing the free slots between them.
 
@@ -359,7 +359,7 @@ class SqliteJobStore(JobStore):
         while jobs and len(out) < limit:
             share = max(1, (limit - len(out)) // len(jobs))
             still = []
-            for job_id, tenant in jobs:
+            for job_id, tenant, trace in jobs:
                 take = min(share, limit - len(out))
                 rows = db.execute(
                     "SELECT custom_id, request, attempts FROM items WHERE job_id=? AND state=? "
@@ -371,9 +371,9 @@ class SqliteJobStore(JobStore):
                         "UPDATE items SET state=?, attempts=? WHERE job_id=? AND custom_id=?",
                         (ItemState.RUNNING.value, attempts + 1, job_id, cid),
                     )
-                    out.append(Claim(job_id, cid, tenant, request, attempts + 1))
+                    out.append(Claim(job_id, cid, tenant, request, attempts + 1, trace))
                 if len(rows) == take:
-                    still.append((job_id, tenant))
+                    still.append((job_id, tenant, trace))
                 if len(out) >= limit:
                     return
             jobs = still

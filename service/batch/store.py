@@ -67,6 +67,7 @@ class JobSpec:
     completion_window_s: int = DEFAULT_WINDOW_S
     priority: int = 0  # 0: batch class, 1: interactive class (started first)
     idempotency_key: str = ""
+    trace: str = ""  # "<trace_id>-<span_id>" (hex) of the CreateBatch span: item spans link to it
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class Claim:
     tenant: str
     request: bytes
     attempt: int
+    trace: str = ""  # the job's JobSpec.trace
 
 
 @dataclass(frozen=True)

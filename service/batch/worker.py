@@ -160,7 +160,8 @@ class BatchWorker:
             return True
         seq.tenant = claim.tenant  # NOTE: the job's tenant, not the (absent) caller's
         span = self.tracer.start_span(
-            "batch_item", attributes={"batch.id": claim.job_id, "batch.attempt": claim.attempt}
+            "batch_item", attributes={"batch.id": claim.job_id, "batch.attempt": claim.attempt},
+            links=_job_link(claim.trace),
         )
         run = Running(claim, seq, item.WhichOneof("request") == "generate_json", span)
         seq.emit = lambda ev: self._on_event(run, ev)
@@ -212,3 +213,13 @@ class BatchWorker:
         if await self.db("finish", claim, state, result):
             self.finished.append((time.monotonic(), claim.job_id))
 
+
+
+def _job_link(text: str) -> list[trace.Link]:
+    """A link to the span of the CreateBatch call that made the job (none when it was not traced)."""
+    trace_id, _, span_id = text.partition("-")
+    if not span_id:
+        return []
+    ctx = trace.SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    return [trace.Link(ctx)]
