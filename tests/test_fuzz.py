@@ -253,10 +253,12 @@ def test_garbage_bytes_on_every_method_are_invalid_argument(fuzz_server: Running
     rng = random.Random(20)
     blobs = [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300))) for _ in range(600)]
     with grpc.insecure_channel(fuzz_server.target) as ch:
-        for method, cls in (("GenerateJSON", pb.GenerateJSONRequest), ("GetMetrics", pb.GetMetricsRequest)):
+        unary = [("GenerateJSON", pb.GenerateJSONRequest), ("GetMetrics", pb.GetMetricsRequest)]
+        unary += [(m, getattr(pb, f"{m}Request")) for m in ("Tokenize", "Detokenize", "CountTokens", "GetModelInfo")]
+        for method, cls in unary:
             call = ch.unary_unary(f"/inference.v1.InferenceService/{method}")
             bad = [b for b in blobs if not parses(cls, b)][:130]
-            assert len(bad) >= 100
+            assert len(bad) >= 100, method
             for blob in bad:
                 with pytest.raises(grpc.RpcError) as info:
                     call(blob, timeout=10)
