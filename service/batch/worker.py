@@ -197,9 +197,10 @@ class BatchWorker:
             if (isinstance(last, Error) and last.status == "UNAVAILABLE") or not_ours:
                 await self.db("requeue", claim, True)  # drained or the engine failed: run it again later
             else:
-                if run.aborted is not None:
+                if state is ItemState.CANCELLED and run.aborted is not None:
+                    # NOTE: only a run the abort actually cut; one that finished first keeps its result
                     status, message = ABORT_WHY[run.aborted]
-                    state, result = ItemState.CANCELLED, replace(result, error_status=status, error_message=message)
+                    result = replace(result, error_status=status, error_message=message)
                 await self._finish(claim, state, result)
         except Exception:
             log.exception("recording a batch item's result failed; it stays running until the next start")
