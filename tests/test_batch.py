@@ -308,3 +308,19 @@ def test_each_item_run_has_a_span_linked_to_the_create_call_and_parent_of_its_re
         assert len(requests) == 2 and all(s.name.startswith("text_completion") for s in requests)
     finally:
         traced.srv.close()
+
+
+def test_batch_service_is_listed_by_reflection_and_has_its_own_health(srv: RunningServer) -> None:
+    from google.protobuf import descriptor_pool
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(srv.target) as ch:
+        db = ProtoReflectionDescriptorDatabase(ch)
+        assert "inference.v1.BatchService" in set(db.get_services())
+        service = descriptor_pool.DescriptorPool(db).FindServiceByName("inference.v1.BatchService")
+        assert {m.name for m in service.methods} == {
+            "CreateBatch", "GetBatch", "ListBatches", "CancelBatch", "WatchBatch", "GetBatchResults"
+        }
+        request = health_pb2.HealthCheckRequest(service="inference.v1.BatchService")
+        assert health_pb2_grpc.HealthStub(ch).Check(request, timeout=5).status == health_pb2.HealthCheckResponse.SERVING
