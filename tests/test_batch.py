@@ -181,10 +181,10 @@ def test_bad_items_are_reported_per_item_and_a_job_of_only_bad_items_fails(stub:
 def test_stop_without_drain_then_drain_then_restart_gives_one_result_per_custom_id_and_tenants_stay_apart(
     tmp_path: Path,
 ) -> None:
-    from tests.test_security import TOKENS, tenants_doc
+    from tests.test_security import TOKENS, sha, tenants_doc
 
     tenants = tmp_path / "tenants.json"
-    tenants.write_text(json.dumps(tenants_doc()))
+    tenants.write_text(json.dumps(tenants_doc({"one": {"token_sha256": [sha("tok-one")], "max_concurrent": 1}})))
     alpha, ops = (("authorization", f"Bearer {TOKENS['alpha']}"),), (("authorization", f"Bearer {TOKENS['ops']}"),)
     db = str(tmp_path / "batch.db")
     ids = [f"r{i:02d}" for i in range(20)]
@@ -222,6 +222,11 @@ def test_stop_without_drain_then_drain_then_restart_gives_one_result_per_custom_
             assert all(r.usage.completion_tokens == 24 for r in out)
             with pytest.raises(grpc.RpcError):
                 results(stub, job_id, md=ops)
+            # a tenant quota of 1 concurrent request refuses most of the 4 slots: those items wait, none fails
+            one = (("authorization", "Bearer tok-one"),)
+            small = create(stub, [gen(f"q{i}") for i in range(5)], md=one).id
+            assert final(stub, small, md=one).counts.completed == 5
+            assert [r.attempts for r in results(stub, small, md=one)] == [1] * 5
     finally:
         third.close()
 

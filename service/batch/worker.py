@@ -141,9 +141,12 @@ class BatchWorker:
         free = self.max_running - len(self.running)
         if free <= 0:
             return
-        for claim in await self.db("claim", free):
-            if not await self._launch(claim):
-                break
+        claims = await self.db("claim", free)
+        for n, claim in enumerate(claims):
+            if not await self._launch(claim):  # the engine is full: the rest waits for the next round
+                for rest in claims[n + 1 :]:
+                    await self.db("requeue", rest)
+                return
 
     async def _launch(self, claim: Claim) -> bool:
         """Prepare and submit one claimed item; False when the engine refused it (it is requeued)."""
