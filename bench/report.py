@@ -449,6 +449,8 @@ from bench.s_api import render as render_api  # noqa: E402
 from bench.s_batch import render as render_j  # noqa: E402
 from bench.s_cache import render as render_k  # noqa: E402
 
+from bench.s_cache import render as render_k  # noqa: E402
+
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "A": render_a,
     "B": render_b,
@@ -459,6 +461,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "G": render_g,
     "H": render_h,
     "I": render_i,
+    "K": render_k,
     "J": render_j,
     "K": render_k,
     "M": render_api,

@@ -11,6 +11,7 @@ Scenarios (each starts its own server subprocesses and stops them):
   G tracing           tracing overhead (bench/bench_tracing.py, when present)
   H fairness          two tenants 16:2 streams, fair share on vs off; TLS and auth cost
   I scale             3 replicas (1 thread each): round_robin vs prefix_affinity routing
+  K response_cache    exact cache on a 50%-repeat Zipf workload vs none; semantic hit / false-hit rates
   L contention        4/16 streams beside 0-2 busy processes: adaptive vs fixed threads (vs OMP passive)
   K response_cache    exact cache on a 50%-repeat Zipf workload vs none; semantic hit / false-hit rates
   J batch_jobs        BatchService: job vs batch streams throughput, interactive TTFT beside a job, kill -9 chaos
@@ -152,6 +153,12 @@ def _contention(cfg: BenchConfig) -> dict[str, Any]:
     return s_contention.run(cfg)
 
 
+def _response_cache(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_cache
+
+    return s_cache.run(cfg)
+
+
 def _scale(cfg: BenchConfig) -> dict[str, Any]:
     from bench import s_scale
 
@@ -176,6 +183,7 @@ SCENARIOS = [
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
     Scenario("H", "fairness", "Fair share between tenants; cost of TLS and token auth", _fairness, 600),
     Scenario("I", "scale", "Scale-out routing: 3 replicas, round_robin vs prefix_affinity", _scale, 540),
+    Scenario("K", "response_cache", "Response cache: exact replay and semantic reuse", _response_cache, 420),
     Scenario("L", "contention", "Noisy neighbours: adaptive vs fixed threads beside busy processes", _contention, 600),
     Scenario("K", "response_cache", "Response cache: exact replay and semantic reuse", _response_cache, 420),
     Scenario("J", "batch_jobs", "Batch jobs: throughput, interactive latency beside a job, kill -9 chaos",
