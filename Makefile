@@ -78,6 +78,7 @@ lint: setup
 # The bench environment adds llama-cpp-python's own server (the peer we compare against).
 bench-env: setup
 	$(PIP) install -q -r bench/requirements-bench.txt
+	$(PIP) install -q --no-deps -r requirements-semantic.txt  # scenario K's semantic half
 
 bench: bench-env bench-model
 	$(PY) -m bench.run $(ARGS)
