@@ -45,6 +45,13 @@ def _candidates(logits: np.ndarray, k: int) -> np.ndarray:
 
 def sample_one(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
     """Sample one token id from a single logits row."""
+    ids, probs = distribution(logits, p)
+    return int(ids[rng.choice(len(ids), p=probs)])
+
+
+def distribution(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The sampler's distribution for one row: candidate ids (most likely first) and their
+    probabilities after top-k, temperature, top-p and min-p (summing to 1)."""
     n_vocab = logits.shape[0]
     k = p.top_k if p.top_k > 0 else n_vocab
     finite = int(np.count_nonzero(np.isfinite(logits))) if not np.isfinite(logits).all() else n_vocab
@@ -64,8 +71,7 @@ def sample_one(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) 
     if p.min_p > 0.0:
         mask = probs >= p.min_p * probs[0]
         ids, probs = ids[mask], probs[mask]
-    probs = probs / probs.sum()
-    return int(ids[rng.choice(len(ids), p=probs)])
+    return ids, probs / probs.sum()
 
 
 def _probs(
