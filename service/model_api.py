@@ -6,7 +6,10 @@ runner's model facts into response protos; every bad input is a ``BadRequest``
 
 NOTE: tokenizing is CPU work (about 0.4 s per MiB of text here), so it runs in
 a worker thread, never on the event loop that streams every other request's
-tokens. Inputs are bounded (``MAX_TOKENIZE_BYTES``, ``MAX_DETOKENIZE_TOKENS``).
+tokens; the threads are this module's own (``WORKERS``), so a flood of calls
+neither takes more cores nor delays other users of the loop's default executor
+(the semantic cache's embedder). Inputs are bounded (``MAX_TOKENIZE_BYTES``,
+``MAX_DETOKENIZE_TOKENS``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import hashlib
 import importlib.metadata
 import logging
 import threading
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ log = logging.getLogger("service.model_api")
 
 MAX_TOKENIZE_BYTES = 1 << 20  # text (or all message contents) of one Tokenize/CountTokens call
 MAX_DETOKENIZE_TOKENS = 1 << 18  # token ids of one Detokenize call
+WORKERS = 2  # threads that tokenize (the machine's cores; the engine has its own thread)
 # The ResponseFormat kinds, straight from the contract (the server accepts every one).
 RESPONSE_FORMATS = tuple(f.name for f in pb.ResponseFormat.DESCRIPTOR.oneofs_by_name["format"].fields)
 
@@ -99,11 +104,15 @@ class ModelApi:
         self.path = path
         self._sha256 = _hash_in_background(path)
         self._info: pb.GetModelInfoResponse | None = None
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="model-api")
+
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # -- tokens (each call runs in a worker thread; see the module note) ------------------
     async def tokenize(self, req: pb.TokenizeRequest) -> pb.TokenizeResponse:
         """Token ids and pieces of the text or rendered chat, tokenized exactly as Generate does."""
-        return await asyncio.to_thread(self._tokenize, req)
+        return await self._off_loop(self._tokenize, req)
 
     async def count_tokens(self, req: pb.CountTokensRequest) -> pb.CountTokensResponse:
         """The prompt's token count (Generate's usage.prompt_tokens) and the room left after it.
@@ -111,7 +120,7 @@ class ModelApi:
         NOTE: a prompt longer than the context is counted, not refused (Generate
         would refuse it): callers count in order to truncate.
         """
-        count = len((await asyncio.to_thread(self._tokens, req))[1])
+        count = len((await self._off_loop(self._tokens, req))[1])
         limit = self.builder.limits.max_context
         return pb.CountTokensResponse(count=count, context_size=limit, max_new_tokens=max(0, limit - count))
 
@@ -119,7 +128,7 @@ class ModelApi:
         """The bytes of the tokens, as Generate streams them (control tokens only with render_special)."""
         if len(req.token_ids) > MAX_DETOKENIZE_TOKENS:
             raise BadRequest(f"{len(req.token_ids)} token ids; at most {MAX_DETOKENIZE_TOKENS} per call")
-        return await asyncio.to_thread(self._detokenize, list(req.token_ids), req.render_special)
+        return await self._off_loop(self._detokenize, list(req.token_ids), req.render_special)
 
     def _tokens(self, req: pb.TokenizeRequest | pb.CountTokensRequest) -> tuple[str, list[int]]:
         size = len(req.text.encode()) + sum(len(m.content.encode()) for m in req.messages)
