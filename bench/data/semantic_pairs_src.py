@@ -420,10 +420,10 @@ ITEMS: list[tuple[str, list[str], list[str]]] = [
 ]
 
 
-def main() -> None:
-    out = Path(__file__).with_name("semantic_pairs.jsonl")
+def write_pairs(items: list[tuple[str, list[str], list[str]]], out: Path) -> None:
+    """One JSON line per (question, paraphrase or near-miss) pair."""
     rows = []
-    for i, (question, paraphrases, near_misses) in enumerate(ITEMS):
+    for i, (question, paraphrases, near_misses) in enumerate(items):
         for p in paraphrases:
             rows.append({"item": i, "a": question, "b": p, "label": "paraphrase", "kind": "paraphrase"})
         for n in near_misses:
@@ -435,4 +435,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    write_pairs(ITEMS, Path(__file__).with_name("semantic_pairs.jsonl"))
