@@ -23,12 +23,14 @@ class ServerConfig:
     host: str = "0.0.0.0"
     port: int = 50051
     threads: int = default_threads()
+    adaptive_threads: bool = True
     ctx: int = 8192
     max_running: int = 32
     kv_lanes: int = 64
     block_size: int = 16
     step_tokens: int = 128
     batch_prefill_tokens: int = 64
+    batch_rows_with_interactive: int = 16
     prefix_cache: bool = True
     prefix_cache_tokens: int = 2048
     scheduling: str = "priority"
@@ -74,6 +76,8 @@ HELP = {
     "host": "address to listen on",
     "port": "port to listen on (0 picks a free one)",
     "threads": "llama.cpp compute threads (default: the cgroup CPU quota rounded down, else the cores)",
+    "adaptive_threads": "measure step times and drop to fewer compute threads while that is faster "
+    "(CPU contention from other processes); probes back periodically",
     "ctx": "KV pool size in tokens (shared by all sequences)",
     "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
     "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256; "
@@ -81,6 +85,8 @@ HELP = {
     "block_size": "tokens per KV block",
     "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
     "batch_prefill_tokens": "per-step cap on batch-tier prompt tokens (bounds the wait of arriving interactive work)",
+    "batch_rows_with_interactive": "while interactive requests run or wait, decode at most this many "
+    "batch-tier rows per step (skipped rows rotate: they lose a step, not their place; 0 = no cap)",
     "prefix_cache": "reuse KV of shared prompt prefixes",
     "prefix_cache_tokens": "most tokens of finished requests kept cached for reuse (idle cached cells "
     "slow every decode step a little; size this to the shared prefixes you expect)",
@@ -195,6 +201,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--kv-lanes must be greater than --max-running and at most 256"
     if c.step_tokens < c.max_running:
         return "--step-tokens must be >= --max-running"
+    if c.batch_rows_with_interactive < 0:
+        return "--batch-rows-with-interactive must be >= 0"
     if c.batch_prefill_tokens < 1:
         return "--batch-prefill-tokens must be >= 1"
     if c.block_size < 1 or c.ctx < c.block_size:

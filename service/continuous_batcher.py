@@ -105,6 +105,7 @@ class Engine:
         self._cancel_message = "cancelled"
         self._current: Plan | None = None  # the plan of the step in progress
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
+        self.thread_control: Any = None  # adaptive_threads.AdaptiveThreads: after_step() once per step
         self.logits_hook: Callable[[list[Sequence], np.ndarray], None] | None = None  # tests: sees logits
 
     # -- lifecycle ------------------------------------------------------------------
@@ -206,9 +207,11 @@ class Engine:
 
     def _guarded_step(self) -> None:
         """One step; a failure ends the step's sequences (and running ones) but not the engine."""
-        self.step_started = time.monotonic()
+        self.step_started = t0 = time.monotonic()
         try:
             self.step()
+            if self.thread_control is not None and self._current is not None:
+                self.thread_control.after_step(self._current.num_tokens, time.monotonic() - t0, self.scheduler.running)
         except Exception as exc:
             log.exception("engine step failed")
             self._fail_step(f"engine step failed: {type(exc).__name__}: {exc}")

@@ -275,6 +275,10 @@ def observe_engine(meter: Meter, engine: Any, tenancy: Any = None, response_cach
         meter.create_observable_counter(name, [callback(rows)], unit=unit, description=description)
     for name, unit, description, rows in GAUGES:
         meter.create_observable_gauge(name, [callback(rows)], unit=unit, description=description)
+    if getattr(engine, "thread_control", None) is not None:
+        from service.adaptive_threads import observe_threads
+
+        observe_threads(meter, engine.thread_control)
 
 
 class RequestHistograms:

@@ -238,6 +238,7 @@ class ModelRunner:
         self.n_ctx: int = L.llama_n_ctx(self.ctx)
         self.n_batch = n_batch
         self.n_lanes = n_lanes
+        self.n_threads = n_threads
         self.mixed_batch_max = MIXED_BATCH_MAX
         self.prompt_rows = PROMPT_ROWS
         self.mem = L.llama_get_memory(self.ctx)
@@ -304,6 +305,11 @@ class ModelRunner:
                 L.llama_memory_seq_rm(self.mem, op.lane, op.p0, op.p1)
             else:
                 L.llama_memory_seq_cp(self.mem, op.src, op.lane, op.p0, op.p1)
+
+    def set_threads(self, n: int) -> None:
+        """Compute threads of the following decodes (engine thread only, between decodes)."""
+        L.llama_set_n_threads(self.ctx, n, n)
+        self.n_threads = n
 
     def clear_kv(self) -> None:
         L.llama_memory_clear(self.mem, True)

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from service.batch_rows import BatchRowCap, interactive_present
 from service.paged_kv import KVBlockManager, KVOp, PrefixHit
 from service.priority import QueuePolicy
 from service.sequence import FinishReason, Priority, SeqStatus, Sequence
@@ -104,6 +105,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions: Counter[tuple[Priority, str]] = Counter()
         self._isolated_last = False
+        self.batch_rows: BatchRowCap | None = None  # fewer batch decode rows beside interactive work
 
     # -- requests ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -147,7 +149,7 @@ class Scheduler:
         self._isolated_last = isolated
         tiers = (Priority.INTERACTIVE,) if isolated else tuple(Priority)
         if not isolated:
-            for seq in decoding:
+            for seq in self._decode_rows(decoding, now):
                 step.run(seq)
             step.cap_mixed(self.mixed_step_tokens)
         queue = self.policy.order([s for s in self.waiting if not s.paused and s.may_start()], now)
@@ -166,6 +168,14 @@ class Scheduler:
             tuple(self.kv.take_ops()),
             failed,
         )
+
+    def _decode_rows(self, decoding: list[Sequence], now: float) -> list[Sequence]:
+        """This step's decode rows: all, or fewer batch-tier ones while interactive work exists."""
+        if self.batch_rows is None:
+            return decoding
+        tier_of = self.policy.effective_tier
+        present = interactive_present([*self.running, *self.waiting], tier_of, now)
+        return self.batch_rows.select(decoding, present, tier_of, now)
 
     def _fail_oversized(self) -> tuple[Sequence, ...]:
         """End waiting sequences that could not fit the whole KV pool even alone (never admissible).

@@ -21,7 +21,9 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
 
+from service.adaptive_threads import AdaptiveThreads
 from service.batch.service import BATCH_SERVICE_NAME, BatchService
+from service.batch_rows import BatchRowCap
 from service.chat import ChatTemplate, ChatTemplateError
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
@@ -73,7 +75,12 @@ def build_engine(
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
         step_timeout_s=config.step_timeout_s,
     )
-    return Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
+    engine = Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
+    if config.adaptive_threads and config.threads > 1:
+        engine.thread_control = AdaptiveThreads.for_runner(runner, config.threads)
+    if config.batch_rows_with_interactive > 0:
+        engine.scheduler.batch_rows = BatchRowCap(config.batch_rows_with_interactive)
+    return engine
 
 
 class InferenceServer:

@@ -1,0 +1,159 @@
+"""Scenario L — contention: throughput next to busy processes, adaptive vs fixed threads.
+
+Servers (all up at once; an idle one uses no CPU): ``adaptive`` (the default,
+``--adaptive-threads``), ``fixed`` (``--no-adaptive-threads``, the previous
+behaviour) and ``passive`` (fixed threads with ``OMP_WAIT_POLICY=PASSIVE``:
+OpenMP threads sleep at barriers instead of spinning). For each load (4 and 16
+closed-loop streams, 30-60 token prompts, 64 greedy tokens) and each neighbour
+count (0, 1, 2 processes running ``while True: pass``, pinned with ``taskset``
+to the server's cores, started and stopped here) every server gets the same
+time window, one after another, in an order that rotates each repetition. The
+figure is tokens received inside the window / window (requests still running at
+its end are cancelled), so a server that gets slow cannot stretch the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from statistics import mean
+from typing import Any
+
+from bench.common import PYTHON, BenchConfig, ratio, say
+from bench.grpc_load import Stream, channel
+from bench.procs import GrpcServer
+from bench.prompts import PromptMaker
+
+ARMS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "adaptive": (["--adaptive-threads"], {}),
+    "fixed": (["--no-adaptive-threads"], {}),
+    "passive": (["--no-adaptive-threads"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+}
+FULL = {"streams": (4, 16), "busy": (0, 1, 2), "window_s": 15.0, "reps": 2}
+QUICK = {"streams": (4,), "busy": (0, 1), "window_s": 3.0, "reps": 1}
+MAX_TOKENS = 64
+
+
+@contextlib.contextmanager
+def busy_processes(n: int, cpus: set[int]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``n`` spinning Python processes pinned to ``cpus``; killed on exit."""
+    cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), PYTHON, "-c", "while True: pass"]
+    procs = [subprocess.Popen(cmd) for _ in range(n)]
+    try:
+        time.sleep(0.3 if n else 0)
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
+async def window_tok_s(target: str, prompts: list[list[str]], window_s: float) -> dict[str, Any]:
+    """Closed-loop clients for ``window_s``; tokens received inside the window / window."""
+    got = [0]
+    t0 = time.perf_counter()
+    end = t0 + window_s
+
+    def on_tokens(n: int, now: float) -> None:
+        if now <= end:
+            got[0] += n
+
+    async with channel(target) as ch:
+        streams = [Stream(ch, on_tokens=on_tokens) for _ in prompts]
+
+        async def client(stream: Stream, mine: list[str]) -> int:
+            done = 0
+            while time.perf_counter() < end:
+                res = await stream.request(mine[done % len(mine)], MAX_TOKENS)
+                done += res.ok
+            return done
+
+        tasks = [asyncio.create_task(client(s, p)) for s, p in zip(streams, prompts, strict=True)]
+        await asyncio.wait(tasks, timeout=window_s)
+        for s in streams:
+            s.abort()  # requests in flight end now (counted tokens stay counted)
+        completed = sum(await asyncio.gather(*tasks))
+    return {"tok_s": got[0] / window_s, "tokens": got[0], "completed": completed}
+
+
+def _switches(srv: GrpcServer) -> int:
+    try:
+        return srv.log_path.read_text(errors="replace").count("compute threads now")
+    except OSError:
+        return 0
+
+
+def _start(cfg: BenchConfig, arm: str) -> GrpcServer:
+    flags, env = ARMS[arm]
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        srv = GrpcServer(f"L-{arm}", cfg.model, "--max-running", "32", *flags, threads=cfg.threads)
+        srv.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return srv
+
+
+async def _measure(cfg: BenchConfig, servers: dict[str, GrpcServer], plan: dict[str, Any]) -> dict[str, Any]:
+    maker = PromptMaker(cfg.model, seed=4321)
+    prompts = {c: [maker.unique(8, 30, 60) for _ in range(c)] for c in plan["streams"]}
+    cpus = os.sched_getaffinity(next(iter(servers.values())).pid)
+    raw: dict[str, dict[str, list[float]]] = {}
+    arms = list(servers)
+    for rep in range(plan["reps"]):
+        order = arms[rep % len(arms) :] + arms[: rep % len(arms)]
+        for c in plan["streams"]:
+            for busy in plan["busy"]:
+                key = f"C{c}_busy{busy}"
+                with busy_processes(busy, cpus):
+                    for arm in order:
+                        before = _switches(servers[arm])
+                        row = await window_tok_s(servers[arm].target, prompts[c], plan["window_s"])
+                        raw.setdefault(key, {}).setdefault(arm, []).append(row["tok_s"])
+                        say(
+                            f"    rep {rep} {key:>11} {arm:>8}: {row['tok_s']:6.1f} tok/s"
+                            f" (switches {_switches(servers[arm]) - before})"
+                        )
+    return raw
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    plan = QUICK if cfg.quick else FULL
+    say(f"  arms {', '.join(ARMS)}; {plan}; the machine may be shared: compare within a row")
+    servers: dict[str, GrpcServer] = {}
+    try:
+        for arm in ARMS:
+            servers[arm] = _start(cfg, arm)
+        raw = asyncio.run(_measure(cfg, servers, plan))
+        switches = {arm: _switches(srv) for arm, srv in servers.items()}
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    rows = {key: {arm: mean(v) for arm, v in arms.items()} for key, arms in raw.items()}
+    ratios = {
+        key: {
+            "adaptive_vs_fixed": ratio(r.get("adaptive"), r.get("fixed")),
+            "passive_vs_fixed": ratio(r.get("passive"), r.get("fixed")),
+        }
+        for key, r in rows.items()
+    }
+    for key, r in ratios.items():
+        say(f"  {key}: adaptive/fixed {r['adaptive_vs_fixed']:.2f}, passive/fixed {r['passive_vs_fixed']:.2f}")
+    return {
+        "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()},
+        "max_tokens": MAX_TOKENS,
+        "tok_s_runs": raw,
+        "tok_s_mean": rows,
+        "ratios": ratios,
+        "adaptive_switches_logged": switches["adaptive"],
+        "targets": "one busy process: adaptive >= 1.8x fixed; quiet: adaptive within 3% of fixed",
+    }

@@ -1,0 +1,158 @@
+"""Adaptive compute threads: a pure decision object fed one timing per engine step.
+
+Why: ggml's CPU backend runs each graph on an OpenMP team whose threads meet at
+hundreds of barriers per decode; libgomp spins at those barriers. When another
+process takes a core, a preempted team member stalls every barrier and a decode
+with the full thread count gets many times slower than with one thread fewer
+(measured here, 2 cores, Gemma 3 270M, 4 sequences: ~88 tok/s with 2 threads
+and ~59 with 1 when quiet; ~5 with 2 threads and ~30-60 with 1 next to one busy
+process). Which count is faster depends on the neighbours, so it is measured.
+
+How: the governor keeps the count it has *chosen* and every so often *probes*
+the other count for a few steps, comparing step times of similar steps (same
+token-count bucket). The other count must win by ``margin`` to be chosen
+(hysteresis); a probe that loses doubles the wait before the next one (up to
+``max_interval_s``), a switch resets it. A probe step that is decisively slower
+(``abort_ratio``) ends the probe at once, so probing the full count next to a
+busy neighbour costs about one slow step. A rising edge of a contention signal
+(step time at the full count ``slowdown`` x its uncontended level, CPU pressure,
+cgroup throttling) schedules a probe now.
+
+Not thread-safe: the engine thread calls ``observe`` after every step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    full: int  # the configured thread count (--threads)
+    reduced: int  # the count tried under contention
+    probe_steps: int = 6  # probe samples compared (after one warm-up step)
+    min_interval_s: float = 2.0  # first wait before a probe, and after a switch
+    max_interval_s: float = 30.0  # longest wait between probes (backoff cap)
+    margin: float = 0.12  # the other count must be this much faster per step to be chosen
+    abort_ratio: float = 1.8  # a probe step this much slower than the chosen count ends the probe
+    slowdown: float = 1.5  # chosen-full step time over its uncontended level that signals contention
+    baseline_drift: float = 1.001  # the uncontended level may rise this much per step (workload drift)
+    alpha: float = 0.25  # EWMA weight of the newest step
+
+    @staticmethod
+    def for_threads(full: int) -> GovernorConfig:
+        return GovernorConfig(full=full, reduced=max(1, full // 2))
+
+
+@dataclass(frozen=True)
+class Change:
+    """Set the context's thread count to ``threads``; ``switch`` is a settled choice, else a probe."""
+
+    threads: int
+    switch: bool
+    reason: str
+
+
+def bucket(n_tokens: int) -> int:
+    """Steps are compared within powers-of-two token-count buckets (1, 2-3, 4-7, ...)."""
+    return max(1, n_tokens).bit_length()
+
+
+@dataclass
+class _Probe:
+    threads: int
+    ratios: list[float] = field(default_factory=list)
+    warm: bool = False  # the first step on the new count is not compared
+
+
+class ThreadGovernor:
+    """Chooses between ``config.full`` and ``config.reduced`` threads; see the module docstring."""
+
+    def __init__(self, config: GovernorConfig, now: float = 0.0) -> None:
+        if not 1 <= config.reduced < config.full:
+            raise ValueError("need 1 <= reduced < full threads")
+        self.config = config
+        self.chosen = config.full
+        self.switches = 0
+        self._ewma: dict[tuple[int, int], float] = {}  # (threads, bucket) -> seconds per step
+        self._baseline: dict[int, float] = {}  # bucket -> uncontended seconds per step at full
+        self._interval = config.min_interval_s
+        self._next_probe = now + config.min_interval_s
+        self._probe: _Probe | None = None
+        self._contended = False
+
+    @property
+    def threads(self) -> int:
+        """The count in use now (a probe's count while probing)."""
+        return self._probe.threads if self._probe else self.chosen
+
+    def observe(self, n_tokens: int, seconds: float, now: float) -> Change | None:
+        """One finished step of ``n_tokens`` that took ``seconds``; returns a change to apply, if any."""
+        if n_tokens <= 0 or seconds <= 0:
+            return None
+        b = bucket(n_tokens)
+        if self._probe is not None:
+            return self._probe_step(b, seconds, now)
+        self._learn(self.chosen, b, seconds)
+        if self.chosen == self.config.full:
+            self._edge(self._slowed(b), now)
+        if now >= self._next_probe and (self.chosen, b) in self._ewma:
+            other = self.config.reduced if self.chosen == self.config.full else self.config.full
+            self._probe = _Probe(other)
+            return Change(other, False, "probe")
+        return None
+
+    def signal(self, contended: bool, now: float) -> None:
+        """An outside contention signal (CPU pressure, cgroup throttling); a rising edge probes now."""
+        self._edge(contended, now)
+
+    def _edge(self, contended: bool, now: float) -> None:
+        if contended and not self._contended:
+            self._next_probe = min(self._next_probe, now)
+        self._contended = contended
+
+    def _learn(self, threads: int, b: int, seconds: float) -> None:
+        key, a = (threads, b), self.config.alpha
+        old = self._ewma.get(key)
+        self._ewma[key] = seconds if old is None else a * seconds + (1 - a) * old
+        if threads == self.config.full:
+            base = self._baseline.get(b)
+            self._baseline[b] = seconds if base is None else min(base * self.config.baseline_drift, seconds)
+
+    def _slowed(self, b: int) -> bool:
+        base = self._baseline.get(b)
+        recent = self._ewma.get((self.config.full, b))
+        return base is not None and recent is not None and recent > self.config.slowdown * base
+
+    def _probe_step(self, b: int, seconds: float, now: float) -> Change | None:
+        probe, cfg = self._probe, self.config
+        assert probe is not None
+        ref = self._ewma.get((self.chosen, b))
+        ratio = seconds / ref if ref else None
+        if ratio is not None and ratio > cfg.abort_ratio:
+            return self._end_probe(now, won=False, reason="probe lost")
+        if not probe.warm:
+            probe.warm = True
+            return None
+        if ratio is not None:
+            probe.ratios.append(ratio)
+        if len(probe.ratios) < cfg.probe_steps:
+            return None
+        won = statistics.median(probe.ratios) < 1.0 - cfg.margin
+        return self._end_probe(now, won, "probe won" if won else "probe lost")
+
+    def _end_probe(self, now: float, won: bool, reason: str) -> Change:
+        probe, cfg = self._probe, self.config
+        assert probe is not None
+        self._probe = None
+        if won:
+            self.chosen = probe.threads
+            self.switches += 1
+            self._interval = cfg.min_interval_s
+            # NOTE: the chosen count's old step times are stale now (contention changed).
+            self._ewma = {k: v for k, v in self._ewma.items() if k[0] != self.chosen}
+        else:
+            self._interval = min(self._interval * 2, cfg.max_interval_s)
+        self._next_probe = now + self._interval
+        return Change(self.chosen, won, reason)

@@ -1,0 +1,202 @@
+"""The adaptive thread governor (pure decisions over simulated step times) and its signal readers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.adaptive_threads import (
+    AdaptiveThreads,
+    ContentionSignal,
+    cpu_stat_path,
+    parse_pressure_some,
+    parse_throttled,
+)
+from service.thread_governor import GovernorConfig, ThreadGovernor, bucket
+
+# Seconds per step by thread count, roughly as measured on the 2-core machine (4 sequences).
+QUIET = {2: 0.045, 1: 0.068}
+BUSY = {2: 0.700, 1: 0.130}  # one busy neighbour: the spinning team stalls at every barrier
+
+
+class Sim:
+    """Drives a governor with step times from a table; applies its changes like the engine does."""
+
+    def __init__(self, governor: ThreadGovernor, n_tokens: int = 4) -> None:
+        self.g = governor
+        self.now = 0.0
+        self.n_tokens = n_tokens
+        self.threads = governor.threads
+        self.changes: list[tuple[float, int, bool]] = []
+        self.slow_probe_steps = 0
+
+    def run(self, seconds: float, table: dict[int, float]) -> None:
+        end = self.now + seconds
+        while self.now < end:
+            dt = table[self.threads]
+            if self.threads != self.g.chosen and dt > table[self.g.chosen]:
+                self.slow_probe_steps += 1
+            self.now += dt
+            change = self.g.observe(self.n_tokens, dt, self.now)
+            if change is not None:
+                self.threads = change.threads
+                self.changes.append((self.now, change.threads, change.switch))
+
+
+def governor() -> ThreadGovernor:
+    return ThreadGovernor(GovernorConfig.for_threads(2))
+
+
+def test_quiet_machine_keeps_full_threads_and_backs_off_probing() -> None:
+    sim = Sim(governor())
+    sim.run(300, QUIET)
+    assert sim.g.chosen == 2 and sim.g.switches == 0
+    probes = [c for c in sim.changes if c[1] == 1]
+    # waits 2, 4, 8, 16, then every 30 s: about 12 probes in 300 s, not one per few steps
+    assert 5 <= len(probes) <= 14
+    assert sim.slow_probe_steps <= 8 * len(probes)
+
+
+def test_busy_neighbour_switches_to_fewer_threads_and_back_when_it_leaves() -> None:
+    sim = Sim(governor())
+    sim.run(60, QUIET)
+    sim.run(60, BUSY)
+    assert sim.g.chosen == 1 and sim.g.switches == 1
+    switched_at = next(t for t, n, switch in sim.changes if switch and n == 1)
+    assert switched_at < 60 + 5  # the slowdown is a rising edge: probed at once
+    sim.run(60, QUIET)
+    assert sim.g.chosen == 2 and sim.g.switches == 2
+    back_at = next(t for t, n, switch in sim.changes if switch and n == 2)
+    assert back_at < 120 + GovernorConfig.for_threads(2).max_interval_s + 5
+
+
+def test_probing_full_threads_next_to_a_busy_neighbour_costs_one_slow_step_per_probe() -> None:
+    sim = Sim(governor())
+    sim.run(10, QUIET)
+    sim.slow_probe_steps = 0
+    sim.run(300, BUSY)
+    probes_of_full = [c for c in sim.changes if c[1] == 2 and not c[2] and c[0] > 10]
+    assert sim.g.chosen == 1
+    assert probes_of_full, "full threads must be re-tried now and then"
+    assert sim.slow_probe_steps == len(probes_of_full)
+    assert len(probes_of_full) <= 300 / 30 + 4  # backoff: 2, 4, 8, 16, then every 30 s
+
+
+def test_counts_within_the_margin_never_flap() -> None:
+    sim = Sim(governor())
+    sim.run(600, {2: 0.050, 1: 0.047})  # reduced only 6% faster: below the 12% margin
+    assert sim.g.switches == 0
+
+
+def test_a_clear_winner_within_noise_is_still_chosen() -> None:
+    g = governor()
+    now, threads, i = 0.0, 2, 0
+    while now < 120:
+        jitter = 1.0 + 0.15 * ((i * 7919) % 11 - 5) / 5  # +-15%, deterministic
+        dt = {2: 0.100, 1: 0.060}[threads] * jitter
+        now += dt
+        i += 1
+        change = g.observe(4, dt, now)
+        if change is not None:
+            threads = change.threads
+    assert g.chosen == 1
+
+
+def test_an_outside_signal_probes_before_the_backoff_expires() -> None:
+    g = governor()
+    sim = Sim(g)
+    sim.run(100, QUIET)  # backoff grown to its cap
+    n = len(sim.changes)
+    g.signal(True, sim.now)
+    sim.run(0.2, QUIET)
+    assert len(sim.changes) > n and sim.changes[n][1] == 1  # a probe of the reduced count started
+
+
+def test_steps_are_compared_only_within_their_token_bucket() -> None:
+    g = governor()
+    now = 0.0
+    for i in range(2000):  # alternating tiny and large steps; no contention
+        n = 1 if i % 2 else 48
+        threads = g.threads
+        dt = (0.012 if n == 1 else 0.090) * (1.0 if threads == 2 else 1.45)
+        now += dt
+        change = g.observe(n, dt, now)
+        assert change is None or change.threads in (1, 2)
+    assert g.switches == 0 and g.chosen == 2
+    assert bucket(1) == 1 and bucket(3) == 2 and bucket(4) == 3 and bucket(48) == 6
+
+
+def test_config_needs_fewer_reduced_threads() -> None:
+    with pytest.raises(ValueError):
+        ThreadGovernor(GovernorConfig(full=1, reduced=1))
+    assert GovernorConfig.for_threads(8).reduced == 4
+
+
+def test_pressure_and_throttling_files_are_parsed() -> None:
+    psi = "some avg10=12.50 avg60=3.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    assert parse_pressure_some(psi) == 12.5
+    assert parse_pressure_some("garbage") is None
+    assert parse_throttled("nr_periods 10\nnr_throttled 3\nthrottled_time 9\n") == 3
+    assert parse_throttled("usage_usec 5\n") is None
+
+
+def test_cgroup_cpu_stat_is_found_for_v2_and_v1(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "cpu.stat").write_text("nr_throttled 0\n")
+    assert cpu_stat_path(tmp_path, "0::/app\n") == tmp_path / "app" / "cpu.stat"
+    (tmp_path / "cpu" / "pod").mkdir(parents=True)
+    (tmp_path / "cpu" / "pod" / "cpu.stat").write_text("nr_throttled 0\n")
+    assert cpu_stat_path(tmp_path, "3:cpu,cpuacct:/pod\n0::/\n") == tmp_path / "cpu" / "pod" / "cpu.stat"
+    assert cpu_stat_path(tmp_path / "none", "0::/\n") is None
+
+
+def test_contention_signal_rises_on_pressure_or_new_throttling(tmp_path: Path) -> None:
+    psi, stat = tmp_path / "cpu", tmp_path / "cpu.stat"
+    psi.write_text("some avg10=5.00 avg60=0 avg300=0 total=0\n")
+    stat.write_text("nr_throttled 7\n")
+    sig = ContentionSignal(psi, stat, pressure_pct=40.0, poll_s=1.0)
+    assert sig.poll(0.0) is False
+    assert sig.poll(0.5) is None  # polled at most once per poll_s
+    stat.write_text("nr_throttled 9\n")
+    assert sig.poll(1.0) is True
+    assert sig.poll(2.0) is False
+    psi.write_text("some avg10=55.00 avg60=0 avg300=0 total=0\n")
+    assert sig.poll(3.0) is True and sig.last_pressure == 55.0
+
+
+class RecordingRunner:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def set_threads(self, n: int) -> None:
+        self.calls.append(n)
+
+
+class RecordingSpan:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def add_event(self, name: str, attrs: dict) -> None:
+        self.events.append((name, attrs))
+
+
+class Seq:
+    def __init__(self) -> None:
+        self.trace = RecordingSpan()
+
+
+def test_adaptive_threads_applies_changes_counts_switches_and_marks_running_spans() -> None:
+    runner, clock = RecordingRunner(), [0.0]
+    control = AdaptiveThreads(runner, governor(), None, clock=lambda: clock[0])
+    seq = Seq()
+    threads = 2
+    for _ in range(400):
+        dt = (QUIET if clock[0] < 10 else BUSY)[threads]
+        clock[0] += dt
+        control.after_step(4, dt, [seq])
+        threads = runner.calls[-1] if runner.calls else 2
+    assert control.threads == 1 and runner.calls[-1] == 1
+    snap = control.snapshot()
+    assert snap["switches"] == {"down": 1, "up": 0} and snap["probes"] >= 2
+    assert seq.trace.events == [("threads_changed", {"inference.threads": 1})]
