@@ -33,7 +33,7 @@ ARMS: dict[str, tuple[list[str], dict[str, str]]] = {
     "fixed": (["--no-adaptive-threads"], {}),
     "passive": (["--no-adaptive-threads"], {"OMP_WAIT_POLICY": "PASSIVE"}),
 }
-FULL = {"streams": (4, 16), "busy": (0, 1, 2), "window_s": 15.0, "reps": 2}
+FULL = {"streams": (4, 16), "busy": (0, 1, 2), "window_s": 12.0, "reps": 2}
 QUICK = {"streams": (4,), "busy": (0, 1), "window_s": 3.0, "reps": 1}
 MAX_TOKENS = 64
 
@@ -147,7 +147,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         for key, r in rows.items()
     }
     for key, r in ratios.items():
-        say(f"  {key}: adaptive/fixed {r['adaptive_vs_fixed']:.2f}, passive/fixed {r['passive_vs_fixed']:.2f}")
+        say(
+            f"  {key}: adaptive/fixed {r['adaptive_vs_fixed']:.2f}, passive/fixed {r['passive_vs_fixed']:.2f}"
+        )
     return {
         "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()},
         "max_tokens": MAX_TOKENS,

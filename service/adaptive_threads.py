@@ -2,15 +2,15 @@
 
 The engine calls ``after_step`` once per step on its own thread (between
 decodes, so ``ModelRunner.set_threads`` is safe). Contention signals are read at
-most once per ``poll_s``: ``/proc/pressure/cpu`` (the share of time some task
-waited for a CPU, system-wide) and the cgroup's ``cpu.stat`` throttling count
-(a CPU quota ran out). Both only make the governor probe sooner; the decision
-itself is always the measured step time.
+most once per second (``ContentionSignal``): CPU used by other processes, the
+cgroup's throttling count, CPU pressure. They only make the governor probe
+sooner; the decision itself is always the measured step time.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,6 +22,7 @@ from service.thread_governor import Change, GovernorConfig, ThreadGovernor
 
 log = logging.getLogger("service.threads")
 PRESSURE_PATH = Path("/proc/pressure/cpu")
+PROC_STAT = Path("/proc/stat")
 
 
 class ThreadSettable(Protocol):
@@ -61,40 +62,94 @@ def parse_throttled(text: str) -> int | None:
     return None
 
 
+def parse_busy_seconds(text: str, hz: int = 100) -> float | None:
+    """CPU-seconds all CPUs were busy (user, nice, system, irq, softirq, steal) from ``/proc/stat``."""
+    first = text.split("\n", 1)[0].split()
+    if len(first) < 9 or first[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+    return (user + nice + system + irq + softirq + steal) / hz
+
+
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 class ContentionSignal:
-    """Polls CPU pressure and cgroup throttling; ``poll`` says contended / not / None (no news)."""
+    """Polls contention signals at most once per ``poll_s``; ``poll`` says contended / not / None (no news).
+
+    * neighbours: CPU time used by everything but this process (``/proc/stat`` minus
+      our own), in cores; contended from ``on_cores``, no longer below ``off_cores``.
+      Only when this process may use every CPU of the machine (in a container the
+      host's counters say nothing about our share).
+    * cgroup throttling: ``nr_throttled`` grew (our CPU quota ran out).
+    * CPU pressure (``/proc/pressure/cpu`` some avg10 >= ``pressure_pct``), only
+      without the neighbour figure (it also counts waits among our own threads).
+    """
 
     def __init__(
         self,
         pressure_path: Path | None = PRESSURE_PATH,
         cpu_stat: Path | None = None,
+        proc_stat: Path | None = PROC_STAT,
         pressure_pct: float = 40.0,
+        on_cores: float = 0.5,
+        off_cores: float = 0.25,
         poll_s: float = 1.0,
+        own_cpu: Callable[[], float] = own_cpu_seconds,
     ) -> None:
         self.pressure_path = pressure_path if pressure_path and pressure_path.is_file() else None
         self.cpu_stat = cpu_stat
-        self.pressure_pct = pressure_pct
+        whole_machine = len(os.sched_getaffinity(0)) == os.cpu_count()
+        self.proc_stat = proc_stat if proc_stat and proc_stat.is_file() and whole_machine else None
+        self.pressure_pct, self.on_cores, self.off_cores = pressure_pct, on_cores, off_cores
         self.poll_s = poll_s
+        self._own_cpu = own_cpu
         self._next = 0.0
         self._throttled: int | None = None
+        self._cpu: tuple[float, float, float] | None = None  # (now, busy s, own s)
+        self._neighbours_busy = False
         self.last_pressure: float | None = None
+        self.last_neighbour_cores: float | None = None
 
     def poll(self, now: float) -> bool | None:
-        if now < self._next or (self.pressure_path is None and self.cpu_stat is None):
+        if now < self._next:
             return None
         self._next = now + self.poll_s
-        contended = False
         try:
-            if self.pressure_path is not None:
+            contended = self._throttling()
+            if self.proc_stat is not None:
+                contended |= self._neighbours(now)
+            elif self.pressure_path is not None:
                 self.last_pressure = parse_pressure_some(self.pressure_path.read_text())
-                contended = (self.last_pressure or 0.0) >= self.pressure_pct
-            if self.cpu_stat is not None:
-                n = parse_throttled(self.cpu_stat.read_text())
-                contended |= n is not None and self._throttled is not None and n > self._throttled
-                self._throttled = n
+                contended |= (self.last_pressure or 0.0) >= self.pressure_pct
         except (OSError, ValueError):
             return None
         return contended
+
+    def _throttling(self) -> bool:
+        if self.cpu_stat is None:
+            return False
+        n = parse_throttled(self.cpu_stat.read_text())
+        grew = n is not None and self._throttled is not None and n > self._throttled
+        self._throttled = n
+        return grew
+
+    def _neighbours(self, now: float) -> bool:
+        assert self.proc_stat is not None
+        busy, own = parse_busy_seconds(self.proc_stat.read_text()), self._own_cpu()
+        if busy is None:
+            return False
+        if self._cpu is not None and now > self._cpu[0]:
+            cores = max(0.0, (busy - self._cpu[1]) - (own - self._cpu[2])) / (now - self._cpu[0])
+            self.last_neighbour_cores = cores
+            if cores >= self.on_cores:
+                self._neighbours_busy = True
+            elif cores < self.off_cores:
+                self._neighbours_busy = False
+        self._cpu = (now, busy, own)
+        return self._neighbours_busy
 
 
 class AdaptiveThreads:
@@ -144,12 +199,12 @@ class AdaptiveThreads:
         direction = "down" if change.threads < self.governor.config.full else "up"
         with self._lock:
             self.switches[direction] += 1
-        pressure = self.signal.last_pressure if self.signal is not None else None
+        cores = self.signal.last_neighbour_cores if self.signal is not None else None
         log.info(
-            "compute threads now %d (%s: measured faster; cpu pressure %s%%)",
+            "compute threads now %d (%s: measured faster; other processes using %s cores)",
             change.threads,
             direction,
-            "-" if pressure is None else f"{pressure:.0f}",
+            "?" if cores is None else f"{cores:.1f}",
         )
         for seq in running:
             span = getattr(seq, "trace", None)

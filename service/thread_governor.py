@@ -14,9 +14,10 @@ token-count bucket). The other count must win by ``margin`` to be chosen
 (hysteresis); a probe that loses doubles the wait before the next one (up to
 ``max_interval_s``), a switch resets it. A probe step that is decisively slower
 (``abort_ratio``) ends the probe at once, so probing the full count next to a
-busy neighbour costs about one slow step. A rising edge of a contention signal
-(step time at the full count ``slowdown`` x its uncontended level, CPU pressure,
-cgroup throttling) schedules a probe now.
+busy neighbour costs about one slow step. Contention signals only schedule a
+probe now: step time at the full count rising to ``slowdown`` x its uncontended
+level, and outside signals (``signal``) starting while on the full count or
+ending while on the reduced one.
 
 Not thread-safe: the engine thread calls ``observe`` after every step.
 """
@@ -80,7 +81,8 @@ class ThreadGovernor:
         self._interval = config.min_interval_s
         self._next_probe = now + config.min_interval_s
         self._probe: _Probe | None = None
-        self._contended = False
+        self._slow = False  # full-thread steps well above their uncontended level
+        self._outside = False  # the last outside contention signal
 
     @property
     def threads(self) -> int:
@@ -96,7 +98,10 @@ class ThreadGovernor:
             return self._probe_step(b, seconds, now)
         self._learn(self.chosen, b, seconds)
         if self.chosen == self.config.full:
-            self._edge(self._slowed(b), now)
+            slow = self._slowed(b)
+            if slow and not self._slow:
+                self._probe_soon(now)
+            self._slow = slow
         if now >= self._next_probe and (self.chosen, b) in self._ewma:
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
             self._probe = _Probe(other)
@@ -104,13 +109,17 @@ class ThreadGovernor:
         return None
 
     def signal(self, contended: bool, now: float) -> None:
-        """An outside contention signal (CPU pressure, cgroup throttling); a rising edge probes now."""
-        self._edge(contended, now)
+        """An outside contention signal (neighbours' CPU use, pressure, throttling).
 
-    def _edge(self, contended: bool, now: float) -> None:
-        if contended and not self._contended:
-            self._next_probe = min(self._next_probe, now)
-        self._contended = contended
+        A change that questions the choice probes now: contention starting while
+        on the full count, or ending while on the reduced one.
+        """
+        if contended != self._outside and contended == (self.chosen == self.config.full):
+            self._probe_soon(now)
+        self._outside = contended
+
+    def _probe_soon(self, now: float) -> None:
+        self._next_probe = min(self._next_probe, now)
 
     def _learn(self, threads: int, b: int, seconds: float) -> None:
         key, a = (threads, b), self.config.alpha

@@ -10,6 +10,7 @@ from service.adaptive_threads import (
     AdaptiveThreads,
     ContentionSignal,
     cpu_stat_path,
+    parse_busy_seconds,
     parse_pressure_some,
     parse_throttled,
 )
@@ -155,7 +156,7 @@ def test_contention_signal_rises_on_pressure_or_new_throttling(tmp_path: Path) -
     psi, stat = tmp_path / "cpu", tmp_path / "cpu.stat"
     psi.write_text("some avg10=5.00 avg60=0 avg300=0 total=0\n")
     stat.write_text("nr_throttled 7\n")
-    sig = ContentionSignal(psi, stat, pressure_pct=40.0, poll_s=1.0)
+    sig = ContentionSignal(psi, stat, proc_stat=None, pressure_pct=40.0, poll_s=1.0)
     assert sig.poll(0.0) is False
     assert sig.poll(0.5) is None  # polled at most once per poll_s
     stat.write_text("nr_throttled 9\n")
@@ -200,3 +201,44 @@ def test_adaptive_threads_applies_changes_counts_switches_and_marks_running_span
     snap = control.snapshot()
     assert snap["switches"] == {"down": 1, "up": 0} and snap["probes"] >= 2
     assert seq.trace.events == [("threads_changed", {"inference.threads": 1})]
+
+
+def test_neighbour_cpu_is_the_machine_busy_time_minus_our_own(tmp_path: Path) -> None:
+    stat, own = tmp_path / "stat", [0.0]
+
+    def write(busy_jiffies: int) -> None:  # user nice system idle iowait irq softirq steal
+        stat.write_text(f"cpu  {busy_jiffies} 0 0 5000 0 0 0 0 0 0\ncpu0 1 2 3\n")
+
+    write(0)
+    sig = ContentionSignal(None, None, proc_stat=stat, poll_s=1.0, own_cpu=lambda: own[0])
+    if sig.proc_stat is None:
+        pytest.skip("this process may not use every CPU (affinity)")
+    assert sig.poll(0.0) is False
+    write(190)  # 1.9 CPU-seconds busy in 1 s, 1.8 of them ours: neighbours 0.1 cores
+    own[0] = 1.8
+    assert sig.poll(1.0) is False and sig.last_neighbour_cores == pytest.approx(0.1)
+    write(390)  # 2.0 busy, 1.0 ours: a neighbour takes a whole core
+    own[0] = 2.8
+    assert sig.poll(2.0) is True and sig.last_neighbour_cores == pytest.approx(1.0)
+    write(560)  # 1.7 busy, 1.4 ours: 0.3 cores, between off (0.25) and on (0.5): still contended
+    own[0] = 4.2
+    assert sig.poll(3.0) is True
+    write(760)  # 2.0 busy, 1.9 ours: quiet again
+    own[0] = 6.1
+    assert sig.poll(4.0) is False
+    assert parse_busy_seconds("cpu  100 0 50 999 7 0 0 50 0 0\n") == 2.0
+    assert parse_busy_seconds("intr 5\n") is None
+
+
+def test_contention_ending_while_on_fewer_threads_probes_full_threads_at_once() -> None:
+    g = governor()
+    sim = Sim(g)
+    g.signal(True, sim.now)
+    sim.run(200, BUSY)  # settled on 1 thread, backoff at its cap
+    assert g.chosen == 1
+    n = len(sim.changes)
+    g.signal(False, sim.now)
+    sim.run(1.0, QUIET)
+    assert sim.changes[n][1] == 2  # probed full threads within a second
+    sim.run(2.0, QUIET)
+    assert g.chosen == 2
