@@ -447,6 +447,7 @@ def render_i(r: dict[str, Any]) -> str:
 
 from bench.s_api import render as render_api  # noqa: E402
 from bench.s_batch import render as render_j  # noqa: E402
+from bench.s_contention import render as render_l  # noqa: E402
 from bench.s_cache import render as render_k  # noqa: E402
 
 from bench.s_cache import render as render_k  # noqa: E402
@@ -464,6 +465,7 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "K": render_k,
     "J": render_j,
     "K": render_k,
+    "L": render_l,
     "M": render_api,
 }
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from statistics import mean
 from typing import Any
 
-from bench.common import PYTHON, BenchConfig, ratio, say
+from bench.common import PYTHON, BenchConfig, fmt, ratio, say
 from bench.grpc_load import Stream, channel
 from bench.procs import GrpcServer
 from bench.prompts import PromptMaker
@@ -159,3 +159,23 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "adaptive_switches_logged": switches["adaptive"],
         "targets": "one busy process: adaptive >= 1.8x fixed; quiet: adaptive within 3% of fixed",
     }
+
+
+def render(r: dict[str, Any]) -> str:
+    """Markdown table of scenario L (bench/report.py)."""
+    lines = [
+        "| load | adaptive tok/s | fixed tok/s | passive tok/s | adaptive / fixed | passive / fixed |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, row in r["tok_s_mean"].items():
+        q = r["ratios"][key]
+        lines.append(
+            f"| {key.replace('_', ', ')} | {fmt(row.get('adaptive'))} | {fmt(row.get('fixed'))} | "
+            f"{fmt(row.get('passive'))} | {fmt(q['adaptive_vs_fixed'], 2)} | {fmt(q['passive_vs_fixed'], 2)} |"
+        )
+    lines += [
+        "",
+        f"Mean of {r['plan']['reps']} interleaved {r['plan']['window_s']:.0f} s windows per cell; "
+        f"adaptive server logged {r['adaptive_switches_logged']} thread switches. Targets: {r['targets']}.",
+    ]
+    return "\n".join(lines)
