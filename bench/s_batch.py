@@ -51,6 +51,19 @@ FULL = Plan(300, 32, (8, 16), 30.0, 500, 8, 10)
 QUICK = Plan(24, 8, (4,), 6.0, 24, 4, 2)
 MAX_RUNNING = 32
 CTX = 16384
+# NOTE: fixed compute threads: the adaptive controller (--adaptive-threads) reacts to other load on a
+# shared machine and can sit at 1 thread through one run and not the other (seen: the whole job at 1
+# thread, the streams flipping 1 <-> 2), which would measure the controller, not the job.
+FIXED = ("--no-adaptive-threads",)
+
+
+def _flags(cap: int | None = None, db: Path | None = None) -> list[str]:
+    out = ["--ctx", str(CTX), "--max-running", str(MAX_RUNNING), *FIXED]
+    if db is not None:
+        out += ["--batch-db", str(db)]
+    if cap is not None:
+        out += ["--batch-max-running", str(cap)]
+    return out
 
 
 def _item(cid: str, prompt: str, tokens: int) -> bpb.BatchItem:
@@ -71,13 +84,13 @@ def get(target: str, batch_id: str) -> bpb.Batch:
 
 
 def wait(target: str, batch_id: str, until: Any = lambda b: b.state in FINAL, timeout_s: float = 3600) -> bpb.Batch:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        b = get(target, batch_id)
-        if until(b):
-            return b
-        time.sleep(0.1)
-    raise TimeoutError(f"batch {batch_id} not done in {timeout_s} s")
+    """Block on WatchBatch (server push every 200 ms at most; one channel, no polling) until ``until``."""
+    req = bpb.WatchBatchRequest(batch_id=batch_id, min_interval_ms=200)
+    with grpc.insecure_channel(target) as ch:
+        for ev in bpb_grpc.BatchServiceStub(ch).WatchBatch(req, timeout=timeout_s):
+            if until(ev.batch):
+                return ev.batch
+    raise TimeoutError(f"batch {batch_id}: the watch ended before the condition held")
 
 
 def all_results(target: str, batch_id: str) -> list[bpb.GetBatchResultsResponse]:
@@ -114,9 +127,7 @@ def _throughput(cfg: BenchConfig, prompts: list[str], plan: Plan, tmp: Path) -> 
     batch streams, then as one job (same process, so both see the same warm state)."""
     out: dict[str, Any] = {}
     for n in plan.stream_concurrency:
-        flags = ["--ctx", str(CTX), "--max-running", str(MAX_RUNNING), "--batch-db", str(tmp / f"t{n}.db"),
-                 "--batch-max-running", str(n)]
-        with GrpcServer(f"J-throughput-{n}", cfg.model, *flags, threads=cfg.threads) as srv:
+        with GrpcServer(f"J-throughput-{n}", cfg.model, *_flags(n, tmp / f"t{n}.db"), threads=cfg.threads) as srv:
             streams = asyncio.run(_streams(srv.target, prompts, n, plan.out_tokens))
             job = _job(srv.target, prompts, plan.out_tokens, f"throughput-{n}")
         out[str(n)] = {"streams": streams, "job": job, "job_vs_streams": ratio(job["items_per_s"],
@@ -131,8 +142,7 @@ def _interactive_beside(
 ) -> dict[str, Any]:
     """Interactive TTFT during a job (``with_job``) or during ``cap`` closed-loop batch streams."""
     load = Load((cap,), plan.out_tokens, 64, 0.5, 3.0, plan.window_s, plan.window_s)
-    flags = ["--ctx", str(CTX), "--max-running", str(MAX_RUNNING), "--batch-db", str(db),
-             "--batch-max-running", str(cap)]
+    flags = _flags(cap, db)
     background = maker.unique(max(4 * cap, int(plan.window_s * 12)), 30, 300)  # outlasts the window
     inter_prompts = maker.unique(64, 30, 60)
     label = "job" if with_job else "streams"
@@ -167,8 +177,7 @@ def _chaos(cfg: BenchConfig, maker: PromptMaker, plan: Plan, cap: int, db: Path)
     rng = random.Random(1414)
     items = [_item(f"c{i:05d}", p, plan.chaos_tokens) for i, p in enumerate(maker.unique(plan.chaos_items, 30, 60))]
     points = sorted(rng.sample(range(1, plan.chaos_items), plan.kills))
-    flags = ["--ctx", str(CTX), "--max-running", str(MAX_RUNNING), "--batch-db", str(db),
-             "--batch-max-running", str(cap)]
+    flags = _flags(cap, db)
     kills: list[dict[str, Any]] = []
     srv = GrpcServer("J-chaos-0", cfg.model, *flags, threads=cfg.threads)
     srv.start()
