@@ -76,6 +76,7 @@ class ThreadGovernor:
         self.config = config
         self.chosen = config.full
         self.switches = 0
+        self.steps = 0  # steps observed
         self._ewma: dict[tuple[int, int], float] = {}  # (threads, bucket) -> seconds per step
         self._baseline: dict[int, float] = {}  # bucket -> uncontended seconds per step at full
         self._interval = config.min_interval_s
@@ -93,6 +94,7 @@ class ThreadGovernor:
         """One finished step of ``n_tokens`` that took ``seconds``; returns a change to apply, if any."""
         if n_tokens <= 0 or seconds <= 0:
             return None
+        self.steps += 1
         b = bucket(n_tokens)
         if self._probe is not None:
             return self._probe_step(b, seconds, now)
