@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from service.server import InferenceServer
 from service.telemetry import OTelTelemetry
 from tests.conftest import RunningServer, server_config, start_server
-from tests.helpers import Result, collect, req, run_stream
+from tests.helpers import OpenStream, Result, collect, req, run_stream
 
 pytestmark = pytest.mark.model
 SCHEMA = '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}'
@@ -227,3 +227,33 @@ def test_a_tenant_never_gets_another_tenants_cached_answer(tmp_path: Path) -> No
     assert first.done is not None and not first.done.cache_hit
     assert other.error is not None and other.error.status == "NOT_FOUND"
     assert again.done is not None and again.done.cache_hit and again.text == first.text
+
+
+def test_a_waiter_runs_itself_when_the_request_it_waits_for_is_cancelled(
+    cached_server: RunningServer, stub: pb_grpc.InferenceServiceStub
+) -> None:
+    before = stub.GetMetrics(pb.GetMetricsRequest()).response_cache
+    with grpc.insecure_channel(cached_server.target) as ch:
+        leader, waiter = OpenStream(ch), OpenStream(ch)
+        leader.send(_cached("lead", "Count slowly from one to a hundred:", max_tokens=64, ignore_eos=True))
+        assert leader.next_event().WhichOneof("event") == "delta"  # running
+        waiter.send(_cached("wait", "Count slowly from one to a hundred:", max_tokens=64, ignore_eos=True))
+        deadline = time.monotonic() + 30
+        while stub.GetMetrics(pb.GetMetricsRequest()).response_cache.coalesced == before.coalesced:
+            assert time.monotonic() < deadline, "the identical request never started waiting"
+            time.sleep(0.02)
+        leader.send(pb.GenerateRequest(request_id="lead", cancel=True))
+        leader.close()
+        waiter.close()
+        events: list[pb.GenerateResponse] = []
+        while not events or events[-1].WhichOneof("event") == "delta":
+            events.append(waiter.next_event())
+        lead_final: pb.GenerateResponse | None = None
+        while lead_final is None or lead_final.WhichOneof("event") == "delta":
+            lead_final = leader.next_event()
+    assert lead_final.done.finish_reason == pb.FINISH_REASON_CANCELLED
+    done = events[-1].done
+    assert done.finish_reason == pb.FINISH_REASON_LENGTH and not done.cache_hit  # it computed its own answer
+    assert sum(len(e.delta.token_ids) for e in events[:-1]) == 64
+    after = stub.GetMetrics(pb.GetMetricsRequest()).response_cache
+    assert (after.stores - before.stores, after.misses - before.misses) == (1, 2)
