@@ -10,7 +10,8 @@ process). Which count is faster depends on the neighbours, so it is measured.
 
 How: the governor keeps the count it has *chosen* and every so often *probes*
 the other count for a few steps, comparing step times of similar steps (same
-token-count bucket). The other count must win by ``margin`` to be chosen
+token-count bucket, the chosen count's times from the last ``fresh_s``). The
+other count must win by ``margin`` to be chosen
 (hysteresis); a probe that loses doubles the wait before the next one (up to
 ``max_interval_s``), a switch resets it. A probe step that is decisively slower
 (``abort_ratio``) ends the probe at once, so probing the full count next to a
@@ -40,6 +41,7 @@ class GovernorConfig:
     slowdown: float = 1.5  # chosen-full step time over its uncontended level that signals contention
     baseline_drift: float = 1.001  # the uncontended level may rise this much per step (workload drift)
     alpha: float = 0.25  # EWMA weight of the newest step
+    fresh_s: float = 3.0  # a probe compares only with step times of the chosen count this recent
 
     @staticmethod
     def for_threads(full: int) -> GovernorConfig:
@@ -63,8 +65,9 @@ def bucket(n_tokens: int) -> int:
 @dataclass
 class _Probe:
     threads: int
+    started: float
     ratios: list[float] = field(default_factory=list)
-    warm: bool = False  # the first step on the new count is not compared
+    steps: int = 0
 
 
 class ThreadGovernor:
@@ -77,7 +80,8 @@ class ThreadGovernor:
         self.chosen = config.full
         self.switches = 0
         self.steps = 0  # steps observed
-        self._ewma: dict[tuple[int, int], float] = {}  # (threads, bucket) -> seconds per step
+        # (threads, bucket) -> (EWMA of seconds per step, when last updated)
+        self._ewma: dict[tuple[int, int], tuple[float, float]] = {}
         self._baseline: dict[int, float] = {}  # bucket -> uncontended seconds per step at full
         self._interval = config.min_interval_s
         self._next_probe = now + config.min_interval_s
@@ -98,15 +102,15 @@ class ThreadGovernor:
         b = bucket(n_tokens)
         if self._probe is not None:
             return self._probe_step(b, seconds, now)
-        self._learn(self.chosen, b, seconds)
+        self._learn(self.chosen, b, seconds, now)
         if self.chosen == self.config.full:
             slow = self._slowed(b)
             if slow and not self._slow:
                 self._probe_soon(now)
             self._slow = slow
-        if now >= self._next_probe and (self.chosen, b) in self._ewma:
+        if now >= self._next_probe:
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
-            self._probe = _Probe(other)
+            self._probe = _Probe(other, started=now)
             return Change(other, False, "probe")
         return None
 
@@ -123,10 +127,12 @@ class ThreadGovernor:
     def _probe_soon(self, now: float) -> None:
         self._next_probe = min(self._next_probe, now)
 
-    def _learn(self, threads: int, b: int, seconds: float) -> None:
+    def _learn(self, threads: int, b: int, seconds: float, now: float) -> None:
         key, a = (threads, b), self.config.alpha
         old = self._ewma.get(key)
-        self._ewma[key] = seconds if old is None else a * seconds + (1 - a) * old
+        # NOTE: a reference older than fresh_s restarts: conditions may have changed since.
+        fresh = old is not None and now - old[1] <= self.config.fresh_s
+        self._ewma[key] = (a * seconds + (1 - a) * old[0] if fresh and old else seconds, now)
         if threads == self.config.full:
             base = self._baseline.get(b)
             self._baseline[b] = seconds if base is None else min(base * self.config.baseline_drift, seconds)
@@ -134,26 +140,31 @@ class ThreadGovernor:
     def _slowed(self, b: int) -> bool:
         base = self._baseline.get(b)
         recent = self._ewma.get((self.config.full, b))
-        return base is not None and recent is not None and recent > self.config.slowdown * base
+        return base is not None and recent is not None and recent[0] > self.config.slowdown * base
 
     def _probe_step(self, b: int, seconds: float, now: float) -> Change | None:
         probe, cfg = self._probe, self.config
         assert probe is not None
         ref = self._ewma.get((self.chosen, b))
-        ratio = seconds / ref if ref else None
+        # NOTE: only recent step times of the chosen count are a fair reference.
+        ratio = seconds / ref[0] if ref and probe.started - ref[1] <= cfg.fresh_s else None
+        probe.steps += 1
         if ratio is not None and ratio > cfg.abort_ratio:
             return self._end_probe(now, won=False, reason="probe lost")
-        if not probe.warm:
-            probe.warm = True
-            return None
+        if probe.steps == 1:
+            return None  # the first step on the new count is not compared
         if ratio is not None:
             probe.ratios.append(ratio)
-        if len(probe.ratios) < cfg.probe_steps:
-            return None
-        won = statistics.median(probe.ratios) < 1.0 - cfg.margin
-        return self._end_probe(now, won, "probe won" if won else "probe lost")
+        r = probe.ratios
+        decisive = len(r) >= 3 and max(r) < 1.0 - 2 * cfg.margin  # clearly faster: no need to wait
+        if len(r) >= cfg.probe_steps or decisive or (probe.steps >= 3 * cfg.probe_steps and len(r) >= 3):
+            won = statistics.median(r) < 1.0 - cfg.margin
+            return self._end_probe(now, won, "probe won" if won else "probe lost")
+        if probe.steps >= 3 * cfg.probe_steps:  # too few comparable steps: try again later
+            return self._end_probe(now, won=False, reason="probe inconclusive", backoff=False)
+        return None
 
-    def _end_probe(self, now: float, won: bool, reason: str) -> Change:
+    def _end_probe(self, now: float, won: bool, reason: str, backoff: bool = True) -> Change:
         probe, cfg = self._probe, self.config
         assert probe is not None
         self._probe = None
@@ -163,7 +174,7 @@ class ThreadGovernor:
             self._interval = cfg.min_interval_s
             # NOTE: the chosen count's old step times are stale now (contention changed).
             self._ewma = {k: v for k, v in self._ewma.items() if k[0] != self.chosen}
-        else:
+        elif backoff:
             self._interval = min(self._interval * 2, cfg.max_interval_s)
         self._next_probe = now + self._interval
         return Change(self.chosen, won, reason)

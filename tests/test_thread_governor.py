@@ -242,3 +242,28 @@ def test_contention_ending_while_on_fewer_threads_probes_full_threads_at_once() 
     assert sim.changes[n][1] == 2  # probed full threads within a second
     sim.run(2.0, QUIET)
     assert g.chosen == 2
+
+
+def test_a_stale_reference_from_quiet_times_does_not_spoil_the_first_probe() -> None:
+    """Load in windows with idle gaps: old quiet step times must not be compared with busy ones."""
+    prefill = {"quiet": {2: 0.20, 1: 0.37}, "busy": {2: 1.50, 1: 0.38}}  # 128-token steps
+    decode = {"quiet": QUIET, "busy": BUSY}
+    g = governor()
+    now, threads = 0.0, 2
+    switched_at = None
+    for phase, start in (("quiet", 0.0), ("busy", 60.0)):
+        now = max(now, start)
+        end = start + 20.0
+        i = 0
+        while now < end:
+            table, n = (prefill, 128) if i % 16 < 4 else (decode, 4)  # a burst of prompts, then decodes
+            dt = table[phase][threads]
+            now += dt
+            i += 1
+            change = g.observe(n, dt, now)
+            if change is not None:
+                threads = change.threads
+                if change.switch and switched_at is None:
+                    switched_at = now
+    assert g.chosen == 1
+    assert switched_at is not None and switched_at < 60.0 + 8.0
