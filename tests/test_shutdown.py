@@ -60,6 +60,9 @@ class ServerProcess:
             "64",
             "--step-tokens",
             "128",
+            # NOTE: identical greedy requests must each run here, not be coalesced by the response cache.
+            "--response-cache-bytes",
+            "0",
             *args,
         ]
         self.proc = subprocess.Popen(
