@@ -267,3 +267,32 @@ def test_a_stale_reference_from_quiet_times_does_not_spoil_the_first_probe() -> 
                     switched_at = now
     assert g.chosen == 1
     assert switched_at is not None and switched_at < 60.0 + 8.0
+
+
+def test_thread_count_switches_and_probes_are_exported_as_otel_metrics() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from service.adaptive_threads import observe_threads
+
+    runner, clock = RecordingRunner(), [0.0]
+    control = AdaptiveThreads(runner, governor(), None, clock=lambda: clock[0])
+    threads = 2
+    while clock[0] < 30:
+        dt = (QUIET if clock[0] < 10 else BUSY)[threads]
+        clock[0] += dt
+        control.after_step(4, dt)
+        threads = runner.calls[-1] if runner.calls else 2
+    reader = InMemoryMetricReader()
+    observe_threads(MeterProvider(metric_readers=[reader]).get_meter("t"), control)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        m.name: [(dict(p.attributes or {}), getattr(p, "value", None)) for p in m.data.data_points]
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert points["inference.engine.threads"] == [({}, 1)]
+    assert ({"inference.direction": "down"}, 1) in points["inference.engine.thread_switches"]
+    assert points["inference.engine.thread_probes"][0][1] == control.snapshot()["probes"] >= 2
