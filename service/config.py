@@ -45,6 +45,9 @@ class ServerConfig:
     trace_console: bool = False
     prometheus_port: int = 0
     step_timeout_s: float = 60.0
+    speculative: bool = True
+    spec_tokens: int = 7
+    spec_max_running: int = 1
     exit_on_engine_failure: bool = True
     stream_backlog: int = 256
     stream_stall_timeout_s: float = 60.0
@@ -101,6 +104,10 @@ HELP = {
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "trace_console": "also print OpenTelemetry spans to the console",
     "prometheus_port": "serve OpenTelemetry metrics for Prometheus on this port (0 = off)",
+    "speculative": "prompt-lookup speculative decoding while few sequences run (greedy output unchanged, "
+    "sampled output has the same distribution)",
+    "spec_tokens": "most speculative tokens per step and sequence",
+    "spec_max_running": "speculate only while at most this many sequences run",
     "step_timeout_s": "watchdog: an engine step running longer than this fails the engine (0 = no watchdog)",
     "exit_on_engine_failure": "exit with code 3 when the engine fails (dead thread, stalled step) so an "
     "orchestrator restarts the process; --no-exit-on-engine-failure keeps it up (NOT_SERVING) for debugging",

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,9 @@ from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
 from service.runner import ModelRunner
 from service.sampling import sample_rows_guarded
-from service.scheduler import Plan, Scheduler
+from service.scheduler import Plan, ScheduledSeq, Scheduler
 from service.sequence import FinishReason, Priority, Sequence
+from service.speculator import SpecConfig, Speculator
 from service.telemetry import Telemetry
 from service.tokens import TokenAppender
 from service.watchdog import Watchdog
@@ -55,6 +56,7 @@ class EngineConfig:
     batch_prefill_budget: int = 64
     queue_limits: tuple[int, int] = (256, 1024)  # interactive, batch
     step_timeout_s: float = 60.0  # a step longer than this fails the engine (0 = no watchdog)
+    speculation: SpecConfig = field(default_factory=SpecConfig)
 
 
 class Engine:
@@ -88,6 +90,7 @@ class Engine:
             mixed_step_tokens=runner.mixed_batch_max,
             prompt_rows=runner.prompt_rows,
         )
+        self.speculator = Speculator(config.speculation)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
         limits = config.queue_limits
@@ -263,7 +266,8 @@ class Engine:
         return self.admission.leave(seq)
 
     def step(self) -> None:
-        """plan -> forward -> mask -> sample -> update -> emit."""
+        """(propose) -> plan -> forward -> mask -> sample -> (verify) -> update -> emit."""
+        self.speculator.propose(self.scheduler)
         plan = self.scheduler.schedule()
         events: list[tuple[Sequence, Any]] = []
         for seq in plan.expired:
@@ -283,9 +287,16 @@ class Engine:
         self._current = plan
         self._note_plan(plan)
         self.runner.apply_kv_ops(plan.kv_ops)
-        logits, sampling = self._forward(plan)
+        logits, sampling, drafted = self._forward(plan)
         sampled = self._sample(sampling, logits)
-        finished = self.scheduler.update(plan, sampled)
+        accepted = self.speculator.verify(drafted)
+        if accepted:
+            self.metrics.on_generated(sum(len(t) for t in accepted.values()))
+            if self.logits_hook is not None:  # tests: one row per kept token, as for sampled rows
+                for item, rows in drafted:
+                    kept = len(accepted[item.seq.uid])
+                    self.logits_hook([item.seq] * kept, rows[:kept])
+        finished = self.scheduler.update(plan, sampled, accepted)
         if self._appender.forced:
             self.metrics.on_mask(0.0, 0, self._appender.forced)
             self._appender.forced = 0
@@ -302,7 +313,7 @@ class Engine:
         for seq, reason in zip(plan.preempted, plan.preempt_reasons, strict=True):
             self.telemetry.on_preempted(seq, reason)
 
-    def _forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence]]:
+    def _forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence], list[tuple[ScheduledSeq, np.ndarray]]]:
         toks: list[int] = []
         pos: list[np.ndarray] = []
         lanes: list[int] = []
@@ -313,22 +324,29 @@ class Engine:
             toks.extend(seq.token_ids[start : start + n])
             pos.append(np.arange(start, start + n))
             lanes.extend([seq.lane] * n)  # type: ignore[list-item]
-            want.extend([1] * n if item.echo else [0] * (n - 1) + [1 if item.sample else 0])
-            if item.sample:
+            want.extend([1] * n if item.echo or item.draft else [0] * (n - 1) + [1 if item.sample else 0])
+            if item.sample and not item.draft:
                 sampling.append(seq)
         logits = self.runner.decode(
             np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want)
         )
-        prefill = sum(i.num_tokens for i in plan.items if not i.sample or i.num_tokens > 1)
+        prefill = sum(i.num_tokens for i in plan.items if not i.draft and (not i.sample or i.num_tokens > 1))
         self.metrics.on_step(len(plan.items), prefill, len(sampling))
-        if any(i.echo for i in plan.items):
-            logits = self._score_prompts(plan, logits)
-        return logits, sampling
+        if not any(i.echo or i.draft for i in plan.items):
+            return logits, sampling, []
+        return self._split_rows(plan, logits)
 
-    def _score_prompts(self, plan: Plan, logits: np.ndarray) -> np.ndarray:
-        """Record prompt log-probabilities from echoing items' rows; return the sampling rows only."""
-        keep, r = [], 0
+    def _split_rows(
+        self, plan: Plan, logits: np.ndarray
+    ) -> tuple[np.ndarray, list[Sequence], list[tuple[ScheduledSeq, np.ndarray]]]:
+        """Steps with several rows per item: score echoing prompts, set drafted items' rows aside
+        (views, used before the next decode), and return the other items' sampling rows."""
+        keep, r, drafted = [], 0, []
         for item in plan.items:
+            if item.draft:
+                drafted.append((item, logits[r : r + item.num_tokens]))
+                r += item.num_tokens
+                continue
             if item.echo:
                 seq, start = item.seq, item.seq.num_computed
                 # Row j scores the token after position start + j; only prompt tokens not yet
@@ -343,7 +361,8 @@ class Engine:
             r += item.num_rows
             if item.sample:
                 keep.append(r - 1)
-        return logits[keep]  # NOTE: a copy, but only of the few sampling rows
+        sampling = [i.seq for i in plan.items if i.sample and not i.draft]
+        return logits[keep], sampling, drafted  # NOTE: a copy, but only of the few sampling rows
 
     def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> dict[int, int]:
         constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]

@@ -66,6 +66,13 @@ class EngineMetrics:
             self.tiers[seq.priority].requests += 1
             self.prompt_tokens += seq.num_prompt_tokens
 
+    def on_generated(self, tokens: int) -> None:
+        """Tokens produced outside the one-per-sampled-row count of ``on_step`` (speculation)."""
+        now = time.monotonic()
+        with self._lock:
+            self.generated_tokens += tokens
+            self._recent.append((now, tokens))
+
     def on_shared_prefill(self) -> None:
         with self._lock:
             self.shared_prefill_choices += 1

@@ -240,6 +240,15 @@ class KVBlockManager:
             return False
         return self._grow(seq, seq.num_computed + num_new_tokens)
 
+    def forget_cells(self, seq: Sequence, p0: int, p1: int) -> None:
+        """Queue removal of the running ``seq``'s cells in [p0, p1) (rejected speculative tokens).
+
+        NOTE: only positions past ``num_computed``, so never inside a registered (shared) block;
+        the blocks stay in the table and are written again by the next tokens.
+        """
+        assert seq.lane is not None and p0 >= seq.num_computed
+        self._ops.append(KVOp("rm", seq.lane, p0, p1))
+
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks and lane. Full registered blocks stay cached."""
         self._tick += 1

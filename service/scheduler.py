@@ -50,11 +50,12 @@ class ScheduledSeq:
     num_tokens: int
     sample: bool  # the chunk reaches the last token: logits are needed
     echo: bool = False  # every position needs logits (prompt log-probabilities)
+    draft: int = 0  # speculative tokens among num_tokens: every position needs logits
 
     @property
     def num_rows(self) -> int:
         """Logits rows this item takes from the decode (the sampling row is its last)."""
-        return self.num_tokens if self.echo else int(self.sample)
+        return self.num_tokens if self.echo or self.draft else int(self.sample)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,10 @@ class Scheduler:
             for seq in queue:
                 if tier_of(seq, now) == tier and not step.admit(seq):
                     break
+        for seq in self.running:  # speculative tokens not scheduled in full this step are dropped
+            item = step.items.get(seq.uid)
+            if seq.num_draft and (item is None or not item.draft):
+                seq.drop_drafts()
         return Plan(
             tuple(step.items.values()),
             tuple(step.preempted),
@@ -218,13 +223,27 @@ class Scheduler:
         self.preemptions[(victim.priority, reason)] += 1
 
     # -- results -------------------------------------------------------------------
-    def update(self, plan: Plan, sampled: Mapping[int, int]) -> list[Sequence]:
-        """Apply a step's results (``sampled``: seq uid -> token); return sequences that finished."""
+    def update(
+        self, plan: Plan, sampled: Mapping[int, int], accepted: Mapping[int, list[int]] | None = None
+    ) -> list[Sequence]:
+        """Apply a step's results; return sequences that finished.
+
+        ``sampled``: seq uid -> token; ``accepted``: for items with speculative tokens, uid ->
+        the tokens verification kept (accepted drafts, then one token of the model's).
+        """
         finished = []
         now = self._clock()
         for item in plan.items:
             seq = item.seq
             if seq.status is not SeqStatus.RUNNING:
+                continue
+            if item.draft:
+                reason = self._accept(item, (accepted or {}).get(seq.uid, [-1]))
+                if reason is not None:
+                    self.running.remove(seq)
+                    self.kv.free(seq)
+                    self._finish(seq, reason)
+                    finished.append(seq)
                 continue
             seq.num_computed += item.num_tokens
             self.kv.commit(seq)
@@ -241,6 +260,27 @@ class Scheduler:
                 self._finish(seq, reason)
                 finished.append(seq)
         return finished
+
+    def _accept(self, item: ScheduledSeq, tokens: list[int]) -> FinishReason | None:
+        """Keep the verified prefix of a speculative item; roll back the rest (tokens and KV cells).
+
+        ``tokens`` = m accepted drafts + 1 token of the model's. The step computed the last
+        sampled token and ``item.draft`` drafts; the cells of the rejected ones are queued for
+        removal, the accepted ones stay computed.
+        """
+        seq, k, m = item.seq, item.draft, len(tokens) - 1
+        seq.drop_drafts()
+        seq.num_computed += 1  # the last sampled token
+        self.kv.forget_cells(seq, seq.num_computed + m, seq.num_computed + k)
+        reason = None
+        for j, token in enumerate(tokens):
+            reason = self._append_token(seq, token)
+            if reason is not None:
+                break
+            if j < m:
+                seq.num_computed += 1  # an accepted draft: its cells are already there
+        self.kv.commit(seq)
+        return reason
 
     def fail(self, seq: Sequence) -> None:
         """End one sequence with an error (the caller reports it); others are untouched."""
@@ -291,7 +331,8 @@ class _StepBuilder:
 
     def _add(self, seq: Sequence, n: int, prefill: bool) -> None:
         echo = _echoing(seq)
-        self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens, echo)
+        draft = seq.num_draft if n == seq.num_uncomputed else 0
+        self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens, echo, draft)
         self.budget -= n
         if echo:
             self.prompt_rows_left -= n
@@ -322,6 +363,9 @@ class _StepBuilder:
         if seq.status is not SeqStatus.RUNNING or seq.uid in self.items:
             return
         n = self._room(seq, seq.num_uncomputed, prefill)
+        if seq.num_draft and (n < seq.num_uncomputed or not self.s.kv.append_slots(seq, n)):
+            seq.drop_drafts()  # speculate only when the whole proposal fits
+            n = self._room(seq, seq.num_uncomputed, prefill)
         if n <= 0:
             return
         while not self.s.kv.append_slots(seq, n):

@@ -130,6 +130,7 @@ class Sequence:
     out_logprobs: list[Any] = field(default_factory=list)  # parallel to out_tokens
     prompt_logprobs: list[Any] = field(default_factory=list)  # of prompt tokens 1.., while echoing
     prompt_logprobs_sent: bool = False
+    num_draft: int = 0  # speculative tokens at the end of token_ids, not accepted yet
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
@@ -152,6 +153,12 @@ class Sequence:
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed
 
+    def drop_drafts(self) -> None:
+        """Forget the speculative tokens (they were never accepted, so never output)."""
+        if self.num_draft:
+            del self.token_ids[-self.num_draft :]
+            self.num_draft = 0
+
     @property
     def needs_prompt_rows(self) -> bool:
         """Every prompt position must produce logits (echo_prompt_logprobs not yet reported)."""
@@ -167,6 +174,7 @@ class Sequence:
 
     def reset_for_recompute(self) -> None:
         """Forget all KV state; generated tokens are kept and recomputed on resume."""
+        self.drop_drafts()
         self.num_computed = 0
         self.block_table = []
         self.lane = None

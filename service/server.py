@@ -39,6 +39,7 @@ from service.response_cache import CacheFront, bind_model, build_cache
 from service.runner import ModelLoadError, ModelRunner
 from service.sequence import Priority
 from service.servicer import InferenceServicer
+from service.speculator import SpecConfig
 from service.telemetry import Telemetry
 from service.tenancy import Tenancy
 from service.tls import CertificateFiles, server_credentials
@@ -74,6 +75,7 @@ def build_engine(
         batch_prefill_budget=config.batch_prefill_tokens,
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
         step_timeout_s=config.step_timeout_s,
+        speculation=SpecConfig(config.speculative, config.spec_tokens, config.spec_max_running),
     )
     engine = Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
     if config.adaptive_threads and config.threads > 1:

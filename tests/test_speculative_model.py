@@ -1,0 +1,78 @@
+"""Prompt-lookup speculation on the real default model: same greedy output, exact limits, clean KV."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from service.speculator import SpecConfig
+from tests.conftest import RunningServer, assert_kv_clean, wait_idle
+from tests.helpers import MarginRecorder, assert_same_greedy, req, run_stream
+
+RECORD = (
+    "Order 7731: 3 x blue ceramic mug, 1 x walnut tray, shipped to 14 Harbour Lane, Portsmouth. "
+    "Order 7732: 2 x green linen napkin, shipped to 9 Mill Road, Cambridge. "
+)
+PROMPT = f"Copy the records exactly.\nRecords: {RECORD}\nCopy: {RECORD[:40]}"
+
+
+@pytest.fixture()
+def spec(server: RunningServer) -> Iterator[RunningServer]:
+    """The shared server with speculation on; restored afterwards."""
+    saved = server.engine.speculator.config
+    server.engine.speculator.config = SpecConfig(enabled=True, tokens=7, max_running=2)
+    yield server
+    server.engine.speculator.config = saved
+
+
+def _run(server: RunningServer, channel: grpc.Channel, enabled: bool, rid: str, **kw: object):  # type: ignore[no-untyped-def]
+    server.engine.speculator.config = SpecConfig(enabled=enabled, tokens=7, max_running=2)
+    wait_idle(server)
+    return run_stream(channel, [req(rid, PROMPT, **kw)])[rid]  # type: ignore[arg-type]
+
+
+def test_greedy_output_is_the_same_with_and_without_speculation(spec: RunningServer, channel: grpc.Channel) -> None:
+    rec = MarginRecorder()
+    spec.engine.logits_hook = rec
+    try:
+        plain = _run(spec, channel, False, "plain", max_tokens=48, ignore_eos=True)
+    finally:
+        spec.engine.logits_hook = None
+    before = spec.engine.speculator.snapshot()
+    fast = _run(spec, channel, True, "fast", max_tokens=48, ignore_eos=True)
+    after = spec.engine.speculator.snapshot()
+    assert after.accepted - before.accepted > 0, "the copy task should accept drafts"
+    assert len(fast.token_ids) == len(plain.token_ids) == 48 == fast.done.usage.completion_tokens
+    assert_same_greedy(plain.token_ids, fast.token_ids, rec.rows["plain"])
+    assert_kv_clean(spec)
+
+
+def test_stop_string_inside_accepted_drafts_ends_the_output_there(spec: RunningServer, channel: grpc.Channel) -> None:
+    plain = _run(spec, channel, False, "p", max_tokens=60, stop=["Portsmouth"])
+    fast = _run(spec, channel, True, "f", max_tokens=60, stop=["Portsmouth"])
+    assert fast.text == plain.text and "Portsmouth" not in fast.text
+    assert fast.done.finish_reason == plain.done.finish_reason
+    assert_kv_clean(spec)
+
+
+def test_sampled_requests_speculate_within_max_tokens(spec: RunningServer, channel: grpc.Channel) -> None:
+    before = spec.engine.speculator.snapshot()
+    res = _run(spec, channel, True, "s", max_tokens=37, temperature=0.7, seed=5, ignore_eos=True)
+    after = spec.engine.speculator.snapshot()
+    assert res.error is None and len(res.token_ids) == 37 == res.done.usage.completion_tokens
+    assert after.steps > before.steps
+    again = _run(spec, channel, True, "s2", max_tokens=37, temperature=0.7, seed=5, ignore_eos=True)
+    assert again.token_ids == res.token_ids  # a seed still makes the output reproducible
+    assert_kv_clean(spec)
+
+
+def test_speculation_stays_off_when_many_sequences_run(spec: RunningServer, channel: grpc.Channel) -> None:
+    before = spec.engine.speculator.snapshot()
+    out = run_stream(channel, [req(f"m{i}", PROMPT, 24, ignore_eos=True) for i in range(6)])
+    assert all(r.done is not None and len(r.token_ids) == 24 for r in out.values())
+    after = spec.engine.speculator.snapshot()
+    # Six requests start together: speculation waits until at most two run (their tails).
+    assert after.steps - before.steps < 6 * 24 / 2
+    assert_kv_clean(spec)
