@@ -447,10 +447,9 @@ def render_i(r: dict[str, Any]) -> str:
 
 from bench.s_api import render as render_api  # noqa: E402
 from bench.s_batch import render as render_j  # noqa: E402
+from bench.s_cache import render as render_k  # noqa: E402
 from bench.s_contention import render as render_l  # noqa: E402
-from bench.s_cache import render as render_k  # noqa: E402
-
-from bench.s_cache import render as render_k  # noqa: E402
+from bench.s_speculative import render as render_spec  # noqa: E402
 
 RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "A": render_a,
@@ -462,11 +461,11 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "G": render_g,
     "H": render_h,
     "I": render_i,
-    "K": render_k,
     "J": render_j,
     "K": render_k,
     "L": render_l,
     "M": render_api,
+    "N": render_spec,
 }
 
 

@@ -11,11 +11,11 @@ Scenarios (each starts its own server subprocesses and stops them):
   G tracing           tracing overhead (bench/bench_tracing.py, when present)
   H fairness          two tenants 16:2 streams, fair share on vs off; TLS and auth cost
   I scale             3 replicas (1 thread each): round_robin vs prefix_affinity routing
-  K response_cache    exact cache on a 50%-repeat Zipf workload vs none; semantic hit / false-hit rates
   L contention        4/16 streams beside 0-2 busy processes: adaptive vs fixed threads (vs OMP passive)
   K response_cache    exact cache on a 50%-repeat Zipf workload vs none; semantic hit / false-hit rates
   J batch_jobs        BatchService: job vs batch streams throughput, interactive TTFT beside a job, kill -9 chaos
   M api               logprobs + top_logprobs 5 vs none at 16 streams; n=8 choices vs 8 requests
+  N speculative       1 stream: extraction / edit / story with speculation on vs off; 16 streams
 
 Results: ``bench/results/<name>.json`` per scenario, ``bench/results/summary.md`` and its
 charts in ``bench/results/plots/`` (``bench/plots.py``);
@@ -129,6 +129,12 @@ def _tracing(cfg: BenchConfig) -> dict[str, Any]:
     return out
 
 
+def _speculative(cfg: BenchConfig) -> dict[str, Any]:
+    from bench import s_speculative
+
+    return s_speculative.run(cfg)
+
+
 def _api(cfg: BenchConfig) -> dict[str, Any]:
     from bench import s_api
 
@@ -151,12 +157,6 @@ def _contention(cfg: BenchConfig) -> dict[str, Any]:
     from bench import s_contention
 
     return s_contention.run(cfg)
-
-
-def _response_cache(cfg: BenchConfig) -> dict[str, Any]:
-    from bench import s_cache
-
-    return s_cache.run(cfg)
 
 
 def _scale(cfg: BenchConfig) -> dict[str, Any]:
@@ -183,12 +183,12 @@ SCENARIOS = [
     Scenario("G", "tracing", "Tracing overhead", _tracing, 180),
     Scenario("H", "fairness", "Fair share between tenants; cost of TLS and token auth", _fairness, 600),
     Scenario("I", "scale", "Scale-out routing: 3 replicas, round_robin vs prefix_affinity", _scale, 540),
-    Scenario("K", "response_cache", "Response cache: exact replay and semantic reuse", _response_cache, 420),
     Scenario("L", "contention", "Noisy neighbours: adaptive vs fixed threads beside busy processes", _contention, 600),
     Scenario("K", "response_cache", "Response cache: exact replay and semantic reuse", _response_cache, 420),
     Scenario("J", "batch_jobs", "Batch jobs: throughput, interactive latency beside a job, kill -9 chaos",
              _batch_jobs, 900),
     Scenario("M", "api", "Logprobs cost; n choices vs n separate requests", _api, 240),
+    Scenario("N", "speculative", "One caller alone: prompt-lookup speculative decoding on vs off", _speculative, 420),
 ]
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from service.sampling import distribution
-from service.sequence import SamplingParams
+from service.sequence import SamplingParams, SeqStatus, Sequence
 from service.speculative import propose, verify_greedy, verify_sampled
+from service.speculator import COOLDOWN_STEPS, SpecConfig, Speculator
 
 # 99.9% quantile of the chi-square distribution with 4 degrees of freedom.
 CHI2_4DF_999 = 18.47
@@ -72,3 +73,41 @@ def test_a_certain_draft_is_always_kept() -> None:
     rows = np.stack([row, row, row])
     rng = np.random.default_rng(0)
     assert verify_sampled(rows, [3, 3], SamplingParams(temperature=1.0), rng) == [3, 3, 3]
+
+
+class _Sched:
+    def __init__(self, running: list[Sequence]) -> None:
+        self.running, self.waiting = running, []
+
+
+def _decoding(tokens: list[int]) -> Sequence:
+    seq = Sequence("r", list(tokens), SamplingParams(max_tokens=100, temperature=0.0))
+    seq.num_prompt_tokens = len(tokens) - 1
+    seq.num_computed = len(tokens) - 1
+    seq.status = SeqStatus.RUNNING
+    return seq
+
+
+def test_draft_length_adapts_and_pauses_after_an_outright_rejection() -> None:
+    spec = Speculator(SpecConfig(enabled=True, tokens=6, max_running=1))
+    seq = _decoding([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2])
+    spec.propose(_Sched([seq]))  # type: ignore[arg-type]
+    assert seq.num_draft == 6 and seq.token_ids[-6:] == [3, 4, 5, 6, 7, 8]
+    seq.drop_drafts()
+    spec._adapt(seq.uid, 6, 0)  # the first draft token was wrong
+    for _ in range(COOLDOWN_STEPS):
+        spec.propose(_Sched([seq]))  # type: ignore[arg-type]
+        assert seq.num_draft == 0
+    spec.propose(_Sched([seq]))  # type: ignore[arg-type]
+    assert seq.num_draft == 1  # back, at the smallest width
+    seq.drop_drafts()
+    spec._adapt(seq.uid, 1, 1)  # kept: grow by two
+    spec.propose(_Sched([seq]))  # type: ignore[arg-type]
+    assert seq.num_draft == 3
+
+
+def test_no_drafts_while_more_sequences_run_than_allowed() -> None:
+    spec = Speculator(SpecConfig(enabled=True, tokens=6, max_running=1))
+    a, b = _decoding([1, 2, 1, 2]), _decoding([3, 4, 3, 4])
+    spec.propose(_Sched([a, b]))  # type: ignore[arg-type]
+    assert a.num_draft == b.num_draft == 0
