@@ -25,13 +25,12 @@ import numpy as np
 
 from service.events import Delta, Done, Error
 from service.intake import RetryHints
-from service.logprobs import prompt_logprobs, token_logprob
 from service.metrics import EngineMetrics
+from service.model_step import LogitsHook, ModelStep
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
 from service.runner import ModelRunner
-from service.sampling import sample_rows_guarded
-from service.scheduler import Plan, ScheduledSeq, Scheduler
+from service.scheduler import Plan, Scheduler
 from service.sequence import FinishReason, Priority, Sequence
 from service.speculator import SpecConfig, Speculator
 from service.telemetry import Telemetry
@@ -76,8 +75,8 @@ class Engine:
         self.kv = kv
         self.config = config
         self.metrics = metrics or EngineMetrics()
-        self.mask_batch = mask_batch  # json_grammar.MaskBatch for constrained rows, or None
-        self.telemetry = telemetry or Telemetry()
+        self.model = ModelStep(runner, self.metrics, telemetry or Telemetry(), runner.vocab.token_bytes)
+        self.model.mask_batch = mask_batch
         self.eog_ids = runner.vocab.eog_ids
         self._appender = TokenAppender(self.eog_ids, runner.vocab.token_bytes)
         self.scheduler = Scheduler(
@@ -109,7 +108,33 @@ class Engine:
         self._current: Plan | None = None  # the plan of the step in progress
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
         self.thread_control: Any = None  # adaptive_threads.AdaptiveThreads: after_step() once per step
-        self.logits_hook: Callable[[list[Sequence], np.ndarray], None] | None = None  # tests: sees logits
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """Request tracing hooks (``Telemetry.attach`` replaces them once the server is built)."""
+        return self.model.telemetry
+
+    @telemetry.setter
+    def telemetry(self, value: Telemetry) -> None:
+        self.model.telemetry = value
+
+    @property
+    def mask_batch(self) -> Any:
+        """json_grammar.MaskBatch for constrained rows, or None (the server sets it)."""
+        return self.model.mask_batch
+
+    @mask_batch.setter
+    def mask_batch(self, value: Any) -> None:
+        self.model.mask_batch = value
+
+    @property
+    def logits_hook(self) -> LogitsHook | None:
+        """Tests: called with (sequences, their rows) for every row a token is chosen from."""
+        return self.model.logits_hook
+
+    @logits_hook.setter
+    def logits_hook(self, value: LogitsHook | None) -> None:
+        self.model.logits_hook = value
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -287,15 +312,12 @@ class Engine:
         self._current = plan
         self._note_plan(plan)
         self.runner.apply_kv_ops(plan.kv_ops)
-        logits, sampling, drafted = self._forward(plan)
-        sampled = self._sample(sampling, logits)
+        logits, sampling, drafted = self.model.forward(plan)
+        sampled = self.model.sample(sampling, logits)
         accepted = self.speculator.verify(drafted)
         if accepted:
             self.metrics.on_generated(sum(len(t) for t in accepted.values()))
-            if self.logits_hook is not None:  # tests: one row per kept token, as for sampled rows
-                for item, rows in drafted:
-                    kept = len(accepted[item.seq.uid])
-                    self.logits_hook([item.seq] * kept, rows[:kept])
+            self.model.show_kept(drafted, accepted)
         finished = self.scheduler.update(plan, sampled, accepted)
         if self._appender.forced:
             self.metrics.on_mask(0.0, 0, self._appender.forced)
@@ -312,80 +334,6 @@ class Engine:
                     self.metrics.on_shared_prefill()
         for seq, reason in zip(plan.preempted, plan.preempt_reasons, strict=True):
             self.telemetry.on_preempted(seq, reason)
-
-    def _forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence], list[tuple[ScheduledSeq, np.ndarray]]]:
-        toks: list[int] = []
-        pos: list[np.ndarray] = []
-        lanes: list[int] = []
-        want: list[int] = []
-        sampling: list[Sequence] = []
-        for item in plan.items:
-            seq, n, start = item.seq, item.num_tokens, item.seq.num_computed
-            toks.extend(seq.token_ids[start : start + n])
-            pos.append(np.arange(start, start + n))
-            lanes.extend([seq.lane] * n)  # type: ignore[list-item]
-            want.extend([1] * n if item.echo or item.draft else [0] * (n - 1) + [1 if item.sample else 0])
-            if item.sample and not item.draft:
-                sampling.append(seq)
-        logits = self.runner.decode(
-            np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want)
-        )
-        prefill = sum(i.num_tokens for i in plan.items if not i.draft and (not i.sample or i.num_tokens > 1))
-        self.metrics.on_step(len(plan.items), prefill, len(sampling))
-        if not any(i.echo or i.draft for i in plan.items):
-            return logits, sampling, []
-        return self._split_rows(plan, logits)
-
-    def _split_rows(
-        self, plan: Plan, logits: np.ndarray
-    ) -> tuple[np.ndarray, list[Sequence], list[tuple[ScheduledSeq, np.ndarray]]]:
-        """Steps with several rows per item: score echoing prompts, set drafted items' rows aside
-        (views, used before the next decode), and return the other items' sampling rows."""
-        keep, r, drafted = [], 0, []
-        for item in plan.items:
-            if item.draft:
-                drafted.append((item, logits[r : r + item.num_tokens]))
-                r += item.num_tokens
-                continue
-            if item.echo:
-                seq, start = item.seq, item.seq.num_computed
-                # Row j scores the token after position start + j; only prompt tokens not yet
-                # scored (a recompute after preemption scores nothing twice).
-                first = len(seq.prompt_logprobs) - start
-                last = min(item.num_tokens, seq.num_prompt_tokens - 1 - start)
-                if last > first >= 0:
-                    targets = seq.token_ids[start + first + 1 : start + last + 1]
-                    seq.prompt_logprobs += prompt_logprobs(
-                        logits[r + first : r + last], targets, seq.params.top_logprobs, self._appender.token_bytes
-                    )
-            r += item.num_rows
-            if item.sample:
-                keep.append(r - 1)
-        sampling = [i.seq for i in plan.items if i.sample and not i.draft]
-        return logits[keep], sampling, drafted  # NOTE: a copy, but only of the few sampling rows
-
-    def _sample(self, seqs: list[Sequence], logits: np.ndarray) -> dict[int, int]:
-        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
-        if constrained and self.mask_batch is not None:
-            us = self.mask_batch.fill_and_apply([seqs[i].matcher for i in constrained], logits, constrained)
-            self.metrics.on_mask(us, len(constrained), 0)
-            for i in constrained:
-                if seqs[i].keys is not None:
-                    seqs[i].keys.apply(logits[i])
-        if self.logits_hook is not None:
-            self.logits_hook(seqs, logits)
-        tokens = sample_rows_guarded(logits, seqs)
-        for i, s in enumerate(seqs):
-            if s.params.logprobs and tokens[i] >= 0:
-                p = s.params
-                s.pending_logprob = token_logprob(
-                    logits[i], int(tokens[i]), p.temperature, p.top_logprobs, self._appender.token_bytes
-                )
-        if self.telemetry.enabled:
-            for s in seqs:
-                if s.first_token_time is None:
-                    self.telemetry.on_first_token(s)
-        return {s.uid: int(t) for s, t in zip(seqs, tokens, strict=True)}
 
     # -- emission ---------------------------------------------------------------------------
     def _emit(self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list) -> None:

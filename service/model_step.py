@@ -1,0 +1,124 @@
+"""The model side of an engine step: one ``llama_decode`` over a plan, its rows, masks and samples.
+
+``forward`` builds the step's batch from the plan (one row of logits per
+sampling item; every position for prompt scoring and speculative drafts),
+``sample`` masks constrained rows and draws one token per row, ``show_kept``
+lets tests see the rows speculative tokens were kept from. The engine thread is
+the only caller; logits rows are views valid until the next decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from typing import Any
+
+import numpy as np
+
+from service.logprobs import prompt_logprobs, token_logprob
+from service.metrics import EngineMetrics
+from service.runner import ModelRunner
+from service.sampling import sample_rows_guarded
+from service.scheduler import Plan, ScheduledSeq
+from service.sequence import Sequence
+from service.telemetry import Telemetry
+
+Drafted = list[tuple[ScheduledSeq, np.ndarray]]  # (item with drafts, its rows)
+LogitsHook = Callable[[list[Sequence], np.ndarray], None]
+
+
+class ModelStep:
+    """Decode and sample for the engine; ``mask_batch`` and ``logits_hook`` may be set later."""
+
+    def __init__(
+        self, runner: ModelRunner, metrics: EngineMetrics, telemetry: Telemetry, token_bytes: Seq[bytes]
+    ) -> None:
+        self.runner = runner
+        self.metrics = metrics
+        self.telemetry = telemetry
+        self.token_bytes = token_bytes
+        self.mask_batch: Any = None  # json_grammar.MaskBatch for constrained rows, or None
+        self.logits_hook: LogitsHook | None = None  # tests: sees each sampled row
+
+    def forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence], Drafted]:
+        """ONE decode over the plan: the sampling rows (one per sampling item, in order), their
+        sequences, and the drafted items' rows; prompt log-probabilities are recorded on the way."""
+        toks: list[int] = []
+        pos: list[np.ndarray] = []
+        lanes: list[int] = []
+        want: list[int] = []
+        sampling: list[Sequence] = []
+        for item in plan.items:
+            seq, n, start = item.seq, item.num_tokens, item.seq.num_computed
+            toks.extend(seq.token_ids[start : start + n])
+            pos.append(np.arange(start, start + n))
+            lanes.extend([seq.lane] * n)  # type: ignore[list-item]
+            want.extend([1] * n if item.echo or item.draft else [0] * (n - 1) + [1 if item.sample else 0])
+            if item.sample and not item.draft:
+                sampling.append(seq)
+        logits = self.runner.decode(
+            np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want)
+        )
+        prefill = sum(i.num_tokens for i in plan.items if not i.draft and (not i.sample or i.num_tokens > 1))
+        self.metrics.on_step(len(plan.items), prefill, len(sampling))
+        if not any(i.echo or i.draft for i in plan.items):
+            return logits, sampling, []
+        return self._split_rows(plan, logits)
+
+    def _split_rows(self, plan: Plan, logits: np.ndarray) -> tuple[np.ndarray, list[Sequence], Drafted]:
+        """Steps with several rows per item: score echoing prompts, set drafted items' rows aside
+        (views, used before the next decode), and return the other items' sampling rows."""
+        keep, r, drafted = [], 0, []
+        for item in plan.items:
+            if item.draft:
+                drafted.append((item, logits[r : r + item.num_tokens]))
+                r += item.num_tokens
+                continue
+            if item.echo:
+                seq, start = item.seq, item.seq.num_computed
+                # Row j scores the token after position start + j; only prompt tokens not yet
+                # scored (a recompute after preemption scores nothing twice).
+                first = len(seq.prompt_logprobs) - start
+                last = min(item.num_tokens, seq.num_prompt_tokens - 1 - start)
+                if last > first >= 0:
+                    targets = seq.token_ids[start + first + 1 : start + last + 1]
+                    seq.prompt_logprobs += prompt_logprobs(
+                        logits[r + first : r + last], targets, seq.params.top_logprobs, self.token_bytes
+                    )
+            r += item.num_rows
+            if item.sample:
+                keep.append(r - 1)
+        sampling = [i.seq for i in plan.items if i.sample and not i.draft]
+        return logits[keep], sampling, drafted  # NOTE: a copy, but only of the few sampling rows
+
+    def sample(self, seqs: list[Sequence], logits: np.ndarray) -> dict[int, int]:
+        """Mask constrained rows, sample every row, note log-probabilities; uid -> token (-1: failed)."""
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if constrained and self.mask_batch is not None:
+            us = self.mask_batch.fill_and_apply([seqs[i].matcher for i in constrained], logits, constrained)
+            self.metrics.on_mask(us, len(constrained), 0)
+            for i in constrained:
+                if seqs[i].keys is not None:
+                    seqs[i].keys.apply(logits[i])
+        if self.logits_hook is not None:
+            self.logits_hook(seqs, logits)
+        tokens = sample_rows_guarded(logits, seqs)
+        for i, s in enumerate(seqs):
+            if s.params.logprobs and tokens[i] >= 0:
+                p = s.params
+                s.pending_logprob = token_logprob(
+                    logits[i], int(tokens[i]), p.temperature, p.top_logprobs, self.token_bytes
+                )
+        if self.telemetry.enabled:
+            for s in seqs:
+                if s.first_token_time is None:
+                    self.telemetry.on_first_token(s)
+        return {s.uid: int(t) for s, t in zip(seqs, tokens, strict=True)}
+
+    def show_kept(self, drafted: Drafted, accepted: dict[int, list[int]]) -> None:
+        """Tests: the logits hook sees one row per kept speculative token, as for sampled rows."""
+        if self.logits_hook is None:
+            return
+        for item, rows in drafted:
+            kept = len(accepted[item.seq.uid])
+            self.logits_hook([item.seq] * kept, rows[:kept])
