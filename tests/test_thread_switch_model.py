@@ -48,13 +48,14 @@ def test_switching_threads_between_steps_keeps_greedy_tokens_and_logits() -> Non
 def test_adaptive_threads_are_built_only_when_asked_and_with_more_than_one_thread() -> None:
     for overrides, wanted in (
         ({}, True),
-        ({"adaptive_threads": False}, False),
+        ({"adaptive_threads": False, "batch_rows_with_interactive": 8}, False),
         ({"threads": 1}, False),
     ):
         engine = build_engine(server_config(**overrides))
         try:
             assert (engine.thread_control is not None) is wanted, overrides
-            assert engine.scheduler.batch_rows is not None  # the interactive-tail cap is on by default
+            # the interactive-tail cap is off unless asked for
+            assert (engine.scheduler.batch_rows is not None) is ("batch_rows_with_interactive" in overrides)
         finally:
             engine.runner.close()
 
