@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from service.events import Delta, Done, Error
+from service.events import Done, Error, take_output
 from service.intake import RetryHints
 from service.metrics import EngineMetrics
 from service.model_step import LogitsHook, ModelStep
@@ -339,18 +339,7 @@ class Engine:
     def _emit(self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list) -> None:
         done = {s.uid for s in finished}
         for item in plan.items:
-            seq = item.seq
-            if seq.uid in done and seq.text is not None and seq.finish_reason is not FinishReason.ERROR:
-                seq.out_text += seq.text.flush()
-            if seq.needs_prompt_rows and seq.prompt_done:
-                seq.prompt_logprobs_sent = True
-                if seq.prompt_logprobs:
-                    scored, seq.prompt_logprobs = tuple(seq.prompt_logprobs), []
-                    events.append((seq, Delta("", (), choice_index=seq.choice_index, prompt_logprobs=scored)))
-            if seq.out_tokens or seq.out_text:
-                delta = Delta(seq.out_text, tuple(seq.out_tokens), tuple(seq.out_logprobs), seq.choice_index)
-                events.append((seq, delta))
-                seq.out_text, seq.out_tokens, seq.out_logprobs = "", [], []
+            events.extend((item.seq, d) for d in take_output(item.seq, item.seq.uid in done))
         for seq in finished:
             self.metrics.on_finish(seq)
             if seq.finish_reason is FinishReason.ERROR:

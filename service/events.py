@@ -56,3 +56,24 @@ class Error:
 
     status: str
     message: str
+
+
+def take_output(seq: Sequence, finished: bool) -> list[Delta]:
+    """The deltas a step produced for ``seq`` (its pending output is cleared).
+
+    Prompt log-probabilities come once, in their own delta, when the prompt has
+    been computed; then the text and tokens of the step (with the held-back text
+    of a stop-string check flushed when the sequence finished normally).
+    """
+    out: list[Delta] = []
+    if finished and seq.text is not None and seq.finish_reason is not FinishReason.ERROR:
+        seq.out_text += seq.text.flush()
+    if seq.needs_prompt_rows and seq.prompt_done:
+        seq.prompt_logprobs_sent = True
+        if seq.prompt_logprobs:
+            scored, seq.prompt_logprobs = tuple(seq.prompt_logprobs), []
+            out.append(Delta("", (), choice_index=seq.choice_index, prompt_logprobs=scored))
+    if seq.out_tokens or seq.out_text:
+        out.append(Delta(seq.out_text, tuple(seq.out_tokens), tuple(seq.out_logprobs), seq.choice_index))
+        seq.out_text, seq.out_tokens, seq.out_logprobs = "", [], []
+    return out
