@@ -26,6 +26,7 @@ Not thread-safe: the engine thread calls ``observe`` after every step.
 from __future__ import annotations
 
 import statistics
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -42,6 +43,7 @@ class GovernorConfig:
     baseline_drift: float = 1.001  # the uncontended level may rise this much per step (workload drift)
     alpha: float = 0.25  # EWMA weight of the newest step
     fresh_s: float = 3.0  # a probe compares only with step times of the chosen count this recent
+    settle_steps: int = 3  # recent steps of the chosen count in a bucket before a probe may start
 
     @staticmethod
     def for_threads(full: int) -> GovernorConfig:
@@ -80,12 +82,13 @@ class ThreadGovernor:
         self.chosen = config.full
         self.switches = 0
         self.steps = 0  # steps observed
-        # (threads, bucket) -> (EWMA of seconds per step, when last updated)
-        self._ewma: dict[tuple[int, int], tuple[float, float]] = {}
+        # (threads, bucket) -> (EWMA of seconds per step, when last updated, steps since it restarted)
+        self._ewma: dict[tuple[int, int], tuple[float, float, int]] = {}
         self._baseline: dict[int, float] = {}  # bucket -> uncontended seconds per step at full
         self._interval = config.min_interval_s
         self._next_probe = now + config.min_interval_s
         self._probe: _Probe | None = None
+        self._recent: deque[int] = deque(maxlen=32)  # buckets of the last steps
         self._slow = False  # full-thread steps well above their uncontended level
         self._outside = False  # the last outside contention signal
 
@@ -108,7 +111,8 @@ class ThreadGovernor:
             if slow and not self._slow:
                 self._probe_soon(now)
             self._slow = slow
-        if now >= self._next_probe:
+        self._recent.append(b)
+        if now >= self._next_probe and self._steady(b):
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
             self._probe = _Probe(other, started=now)
             return Change(other, False, "probe")
@@ -124,6 +128,12 @@ class ThreadGovernor:
             self._probe_soon(now)
         self._outside = contended
 
+    def _steady(self, b: int) -> bool:
+        """Start a probe only on the most common kind of step, with a few recent ones as reference
+        (the probe's steps are then mostly of that kind and comparable)."""
+        common = Counter(self._recent).most_common(1)[0][0]
+        return b == common and self._ewma[(self.chosen, b)][2] >= self.config.settle_steps
+
     def _probe_soon(self, now: float) -> None:
         self._next_probe = min(self._next_probe, now)
 
@@ -131,8 +141,10 @@ class ThreadGovernor:
         key, a = (threads, b), self.config.alpha
         old = self._ewma.get(key)
         # NOTE: a reference older than fresh_s restarts: conditions may have changed since.
-        fresh = old is not None and now - old[1] <= self.config.fresh_s
-        self._ewma[key] = (a * seconds + (1 - a) * old[0] if fresh and old else seconds, now)
+        if old is not None and now - old[1] <= self.config.fresh_s:
+            self._ewma[key] = (a * seconds + (1 - a) * old[0], now, old[2] + 1)
+        else:
+            self._ewma[key] = (seconds, now, 1)
         if threads == self.config.full:
             base = self._baseline.get(b)
             self._baseline[b] = seconds if base is None else min(base * self.config.baseline_drift, seconds)
@@ -145,11 +157,18 @@ class ThreadGovernor:
     def _probe_step(self, b: int, seconds: float, now: float) -> Change | None:
         probe, cfg = self._probe, self.config
         assert probe is not None
-        ref = self._ewma.get((self.chosen, b))
-        # NOTE: only recent step times of the chosen count are a fair reference.
-        ratio = seconds / ref[0] if ref and probe.started - ref[1] <= cfg.fresh_s else None
+        # NOTE: only recent step times of the chosen count are a fair reference; a
+        # step with none in its bucket is still judged against the slowest recent one.
+        fresh = {
+            k[1]: v[0]
+            for k, v in self._ewma.items()
+            if k[0] == self.chosen and probe.started - v[1] <= cfg.fresh_s
+        }
+        ratio = seconds / fresh[b] if b in fresh else None
         probe.steps += 1
-        if ratio is not None and ratio > cfg.abort_ratio:
+        if (ratio or 0.0) > cfg.abort_ratio or seconds > cfg.abort_ratio * max(
+            fresh.values(), default=float("inf")
+        ):
             return self._end_probe(now, won=False, reason="probe lost")
         if probe.steps == 1:
             return None  # the first step on the new count is not compared
@@ -157,10 +176,10 @@ class ThreadGovernor:
             probe.ratios.append(ratio)
         r = probe.ratios
         decisive = len(r) >= 3 and max(r) < 1.0 - 2 * cfg.margin  # clearly faster: no need to wait
-        if len(r) >= cfg.probe_steps or decisive or (probe.steps >= 3 * cfg.probe_steps and len(r) >= 3):
+        if len(r) >= cfg.probe_steps or decisive or (probe.steps >= 2 * cfg.probe_steps and len(r) >= 3):
             won = statistics.median(r) < 1.0 - cfg.margin
             return self._end_probe(now, won, "probe won" if won else "probe lost")
-        if probe.steps >= 3 * cfg.probe_steps:  # too few comparable steps: try again later
+        if probe.steps >= 2 * cfg.probe_steps:  # too few comparable steps: try again later
             return self._end_probe(now, won=False, reason="probe inconclusive", backoff=False)
         return None
 
@@ -176,5 +195,5 @@ class ThreadGovernor:
             self._ewma = {k: v for k, v in self._ewma.items() if k[0] != self.chosen}
         elif backoff:
             self._interval = min(self._interval * 2, cfg.max_interval_s)
-        self._next_probe = now + self._interval
+        self._next_probe = now + (self._interval if backoff else cfg.min_interval_s)
         return Change(self.chosen, won, reason)
