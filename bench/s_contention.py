@@ -3,7 +3,8 @@
 Servers (all up at once; an idle one uses no CPU): ``adaptive`` (the default,
 ``--adaptive-threads``), ``fixed`` (``--no-adaptive-threads``, the previous
 behaviour) and ``passive`` (fixed threads with ``OMP_WAIT_POLICY=PASSIVE``:
-OpenMP threads sleep at barriers instead of spinning). For each load (4 and 16
+OpenMP threads sleep at barriers instead of spinning) and ``spin2k`` (fixed
+threads, ``GOMP_SPINCOUNT=2000``: spin briefly, then sleep). For each load (4 and 16
 closed-loop streams, 30-60 token prompts, 64 greedy tokens) and each neighbour
 count (0, 1, 2 processes running ``while True: pass``, pinned with ``taskset``
 to the server's cores, started and stopped here) every server gets the same
@@ -32,6 +33,7 @@ ARMS: dict[str, tuple[list[str], dict[str, str]]] = {
     "adaptive": (["--adaptive-threads"], {}),
     "fixed": (["--no-adaptive-threads"], {}),
     "passive": (["--no-adaptive-threads"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "spin2k": (["--no-adaptive-threads"], {"GOMP_SPINCOUNT": "2000"}),
 }
 FULL = {"streams": (4, 16), "busy": (0, 1, 2), "window_s": 12.0, "reps": 2}
 QUICK = {"streams": (4,), "busy": (0, 1), "window_s": 3.0, "reps": 1}
@@ -143,13 +145,12 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         key: {
             "adaptive_vs_fixed": ratio(r.get("adaptive"), r.get("fixed")),
             "passive_vs_fixed": ratio(r.get("passive"), r.get("fixed")),
+            "spin2k_vs_fixed": ratio(r.get("spin2k"), r.get("fixed")),
         }
         for key, r in rows.items()
     }
     for key, r in ratios.items():
-        say(
-            f"  {key}: adaptive/fixed {r['adaptive_vs_fixed']:.2f}, passive/fixed {r['passive_vs_fixed']:.2f}"
-        )
+        say("  " + key + ": " + ", ".join(f"{k.replace('_vs_', '/')} {v or 0:.2f}" for k, v in r.items()))
     return {
         "plan": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.items()},
         "max_tokens": MAX_TOKENS,
@@ -164,14 +165,16 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 def render(r: dict[str, Any]) -> str:
     """Markdown table of scenario L (bench/report.py)."""
     lines = [
-        "| load | adaptive tok/s | fixed tok/s | passive tok/s | adaptive / fixed | passive / fixed |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| load | adaptive tok/s | fixed tok/s | passive tok/s | spin2k tok/s | adaptive / fixed | passive / fixed "
+        "| spin2k / fixed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, row in r["tok_s_mean"].items():
         q = r["ratios"][key]
         lines.append(
             f"| {key.replace('_', ', ')} | {fmt(row.get('adaptive'))} | {fmt(row.get('fixed'))} | "
-            f"{fmt(row.get('passive'))} | {fmt(q['adaptive_vs_fixed'], 2)} | {fmt(q['passive_vs_fixed'], 2)} |"
+            f"{fmt(row.get('passive'))} | {fmt(row.get('spin2k'))} | {fmt(q['adaptive_vs_fixed'], 2)} | "
+            f"{fmt(q['passive_vs_fixed'], 2)} | {fmt(q.get('spin2k_vs_fixed'), 2)} |"
         )
     lines += [
         "",
