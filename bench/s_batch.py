@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class Plan:
     chaos_items: int
     chaos_tokens: int
     kills: int
+    rounds: int = 1  # alternating streams/job rounds per concurrency (medians are reported)
 
 
 FULL = Plan(300, 32, (8, 16), 30.0, 500, 8, 10)
@@ -124,12 +126,18 @@ def _job(target: str, prompts: list[str], tokens: int, key: str) -> dict[str, An
 
 def _throughput(cfg: BenchConfig, prompts: list[str], plan: Plan, tmp: Path) -> dict[str, Any]:
     """Per concurrency n, on one server with --batch-max-running n: the items as n closed-loop
-    batch streams, then as one job (same process, so both see the same warm state)."""
+    batch streams, then as one job (same process, so both see the same warm state); with
+    ``plan.rounds`` > 1 the two alternate and the medians are compared (the machine is shared)."""
     out: dict[str, Any] = {}
     for n in plan.stream_concurrency:
+        rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
         with GrpcServer(f"J-throughput-{n}", cfg.model, *_flags(n, tmp / f"t{n}.db"), threads=cfg.threads) as srv:
-            streams = asyncio.run(_streams(srv.target, prompts, n, plan.out_tokens))
-            job = _job(srv.target, prompts, plan.out_tokens, f"throughput-{n}")
+            for k in range(plan.rounds):
+                streams = asyncio.run(_streams(srv.target, prompts, n, plan.out_tokens))
+                rounds.append((streams, _job(srv.target, prompts, plan.out_tokens, f"throughput-{n}-{k}")))
+        streams = {"items_per_s": statistics.median(r[0]["items_per_s"] for r in rounds), "rounds": [r[0] for r in rounds]}
+        job = {"items_per_s": statistics.median(r[1]["items_per_s"] for r in rounds), "rounds": [r[1] for r in rounds],
+               "upload_s": max(r[1]["upload_s"] for r in rounds)}
         out[str(n)] = {"streams": streams, "job": job, "job_vs_streams": ratio(job["items_per_s"],
                                                                               streams["items_per_s"])}
         say(f"  x{n}: streams {streams['items_per_s']:.2f} items/s, job {job['items_per_s']:.2f} items/s "
