@@ -8,7 +8,8 @@ threads, ``GOMP_SPINCOUNT=2000``: spin briefly, then sleep). For each load (4 an
 closed-loop streams, 30-60 token prompts, 64 greedy tokens) and each neighbour
 count (0, 1, 2 processes running ``while True: pass``, pinned with ``taskset``
 to the server's cores, started and stopped here) every server gets the same
-time window, one after another, in an order that rotates each repetition. The
+time window, one after another, in an order that rotates each repetition
+(``BENCH_L_ARMS=adaptive,fixed`` runs a subset). The
 figure is tokens received inside the window / window (requests still running at
 its end are cancelled), so a server that gets slow cannot stretch the run.
 """
@@ -130,10 +131,11 @@ async def _measure(cfg: BenchConfig, servers: dict[str, GrpcServer], plan: dict[
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     plan = QUICK if cfg.quick else FULL
-    say(f"  arms {', '.join(ARMS)}; {plan}; the machine may be shared: compare within a row")
+    say(f"  {plan}; the machine may be shared: compare within a row")
     servers: dict[str, GrpcServer] = {}
+    arms = [a for a in os.environ.get("BENCH_L_ARMS", ",".join(ARMS)).split(",") if a in ARMS]
     try:
-        for arm in ARMS:
+        for arm in arms:
             servers[arm] = _start(cfg, arm)
         raw = asyncio.run(_measure(cfg, servers, plan))
         switches = {arm: _switches(srv) for arm, srv in servers.items()}

@@ -10,7 +10,8 @@ process). Which count is faster depends on the neighbours, so it is measured.
 
 How: the governor keeps the count it has *chosen* and every so often *probes*
 the other count for a few steps, comparing step times of similar steps (same
-token-count bucket, the chosen count's times from the last ``fresh_s``). The
+token-count bucket, the chosen count's times from the last ``fresh_s`` or
+four steps, whichever is longer). The
 other count must win by ``margin`` to be chosen
 (hysteresis); a probe that loses doubles the wait before the next one (up to
 ``max_interval_s``), a switch resets it. A probe step that is decisively slower
@@ -18,7 +19,9 @@ other count must win by ``margin`` to be chosen
 busy neighbour costs about one slow step. Contention signals only schedule a
 probe now: step time at the full count rising to ``slowdown`` x its uncontended
 level, and outside signals (``signal``) starting while on the full count or
-ending while on the reduced one.
+ending while on the reduced one. A full-count step ``collapse`` x its
+uncontended level (the barrier stall makes a step take seconds) switches to the
+reduced count at once, without a probe.
 
 Not thread-safe: the engine thread calls ``observe`` after every step.
 """
@@ -40,6 +43,7 @@ class GovernorConfig:
     margin: float = 0.12  # the other count must be this much faster per step to be chosen
     abort_ratio: float = 1.8  # a probe step this much slower than the chosen count ends the probe
     slowdown: float = 1.5  # chosen-full step time over its uncontended level that signals contention
+    collapse: float = 4.0  # a full-thread step this much slower than uncontended: drop at once
     baseline_drift: float = 1.001  # the uncontended level may rise this much per step (workload drift)
     alpha: float = 0.25  # EWMA weight of the newest step
     fresh_s: float = 3.0  # a probe compares only with step times of the chosen count this recent
@@ -89,6 +93,7 @@ class ThreadGovernor:
         self._next_probe = now + config.min_interval_s
         self._probe: _Probe | None = None
         self._recent: deque[int] = deque(maxlen=32)  # buckets of the last steps
+        self._step_s: float | None = None  # EWMA of all step times
         self._slow = False  # full-thread steps well above their uncontended level
         self._outside = False  # the last outside contention signal
 
@@ -102,6 +107,7 @@ class ThreadGovernor:
         if n_tokens <= 0 or seconds <= 0:
             return None
         self.steps += 1
+        self._step_s = seconds if self._step_s is None else 0.25 * seconds + 0.75 * self._step_s
         b = bucket(n_tokens)
         if self._probe is not None:
             return self._probe_step(b, seconds, now)
@@ -111,6 +117,8 @@ class ThreadGovernor:
             if slow and not self._slow:
                 self._probe_soon(now)
             self._slow = slow
+            if self._collapsed(b, seconds):
+                return self._drop(now)
         self._recent.append(b)
         if now >= self._next_probe and self._steady(b):
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
@@ -134,6 +142,10 @@ class ThreadGovernor:
         common = Counter(self._recent).most_common(1)[0][0]
         return b == common and self._ewma[(self.chosen, b)][2] >= self.config.settle_steps
 
+    def _fresh_s(self) -> float:
+        """How old a reference may be: ``fresh_s``, or a few steps when steps are slow (contention)."""
+        return max(self.config.fresh_s, 4 * (self._step_s or 0.0))
+
     def _probe_soon(self, now: float) -> None:
         self._next_probe = min(self._next_probe, now)
 
@@ -141,13 +153,27 @@ class ThreadGovernor:
         key, a = (threads, b), self.config.alpha
         old = self._ewma.get(key)
         # NOTE: a reference older than fresh_s restarts: conditions may have changed since.
-        if old is not None and now - old[1] <= self.config.fresh_s:
+        if old is not None and now - old[1] <= self._fresh_s():
             self._ewma[key] = (a * seconds + (1 - a) * old[0], now, old[2] + 1)
         else:
             self._ewma[key] = (seconds, now, 1)
         if threads == self.config.full:
             base = self._baseline.get(b)
             self._baseline[b] = seconds if base is None else min(base * self.config.baseline_drift, seconds)
+
+    def _collapsed(self, b: int, seconds: float) -> bool:
+        """A full-thread step ``collapse`` x its uncontended level: the barrier stall.
+
+        NOTE: one such step is evidence enough (a hiccup costs the reduced count until
+        the probe of the full count 2 s later); a stalled step costs seconds.
+        """
+        base = self._baseline.get(b)
+        return base is not None and seconds > self.config.collapse * base
+
+    def _drop(self, now: float) -> Change:
+        """Switch to the reduced count at once (probes of the full count verify it later)."""
+        self._probe = _Probe(self.config.reduced, started=now)
+        return self._end_probe(now, won=True, reason="steps collapsed")
 
     def _slowed(self, b: int) -> bool:
         base = self._baseline.get(b)
@@ -162,7 +188,7 @@ class ThreadGovernor:
         fresh = {
             k[1]: v[0]
             for k, v in self._ewma.items()
-            if k[0] == self.chosen and probe.started - v[1] <= cfg.fresh_s
+            if k[0] == self.chosen and probe.started - v[1] <= self._fresh_s()
         }
         ratio = seconds / fresh[b] if b in fresh else None
         probe.steps += 1

@@ -318,3 +318,36 @@ def test_after_an_idle_gap_a_probe_of_full_threads_beside_a_busy_neighbour_ends_
                 threads = change.threads
     assert g.chosen == 1 and probes >= 2
     assert slow_steps <= probes + 1
+
+
+def test_very_slow_steps_of_mixed_sizes_still_give_fresh_references() -> None:
+    """16 streams beside a busy process: full-thread steps of 1-2 s, sizes alternating between buckets."""
+    times = {16: {2: 1.3, 1: 0.25}, 40: {2: 1.9, 1: 0.40}}
+    g = governor()
+    now, threads, i = 0.0, 2, 0
+    sim = Sim(g, n_tokens=16)
+    sim.run(30, {2: 0.09, 1: 0.14})  # quiet first: settled on full threads
+    now, threads = sim.now, sim.threads
+    start = now
+    while now < start + 40 and g.chosen == 2:
+        n = 16 if i % 3 == 0 else 40  # one decode-only step, then two with prompt tokens
+        dt = times[n][threads]
+        now += dt
+        i += 1
+        change = g.observe(n, dt, now)
+        if change is not None:
+            threads = change.threads
+    assert g.chosen == 1 and now < start + 25
+
+
+def test_a_collapsed_full_thread_step_drops_to_fewer_threads_at_once() -> None:
+    g = governor()
+    sim = Sim(g)
+    sim.run(200, QUIET)  # probing backed off to its cap; uncontended level learned
+    while g.threads != g.chosen:  # not in the middle of a probe
+        sim.run(0.05, QUIET)
+    n = len(sim.changes)
+    assert g.observe(4, 0.045 * 1.3, sim.now + 0.1) is None  # slower, not collapsed
+    change = g.observe(4, 0.045 * 5, sim.now + 0.4)  # 5x the uncontended level: the barrier stall
+    assert change is not None and change.switch and change.threads == 1
+    assert g.chosen == 1 and len(sim.changes) == n
