@@ -9,6 +9,7 @@ the only caller; logits rows are views valid until the next decode.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -23,6 +24,7 @@ from service.scheduler import Plan, ScheduledSeq
 from service.sequence import Sequence
 from service.telemetry import Telemetry
 
+log = logging.getLogger("service.engine")
 Drafted = list[tuple[ScheduledSeq, np.ndarray]]  # (item with drafts, its rows)
 LogitsHook = Callable[[list[Sequence], np.ndarray], None]
 
@@ -75,21 +77,29 @@ class ModelStep:
                 r += item.num_tokens
                 continue
             if item.echo:
-                seq, start = item.seq, item.seq.num_computed
-                # Row j scores the token after position start + j; only prompt tokens not yet
-                # scored (a recompute after preemption scores nothing twice).
-                first = len(seq.prompt_logprobs) - start
-                last = min(item.num_tokens, seq.num_prompt_tokens - 1 - start)
-                if last > first >= 0:
-                    targets = seq.token_ids[start + first + 1 : start + last + 1]
-                    seq.prompt_logprobs += prompt_logprobs(
-                        logits[r + first : r + last], targets, seq.params.top_logprobs, self.token_bytes
-                    )
+                self._score_prompt(item, logits[r : r + item.num_tokens])
             r += item.num_rows
             if item.sample:
                 keep.append(r - 1)
         sampling = [i.seq for i in plan.items if i.sample and not i.draft]
         return logits[keep], sampling, drafted  # NOTE: a copy, but only of the few sampling rows
+
+    def _score_prompt(self, item: ScheduledSeq, rows: np.ndarray) -> None:
+        """Record the prompt log-probabilities an echoing chunk's rows give; a failure fails the
+        sequence only (its next sampled token becomes an INTERNAL error)."""
+        seq, start = item.seq, item.seq.num_computed
+        # Row j scores the token after position start + j; only prompt tokens not yet
+        # scored (a recompute after preemption scores nothing twice).
+        first = len(seq.prompt_logprobs) - start
+        last = min(item.num_tokens, seq.num_prompt_tokens - 1 - start)
+        if last <= first or first < 0:
+            return
+        targets = seq.token_ids[start + first + 1 : start + last + 1]
+        try:
+            seq.prompt_logprobs += prompt_logprobs(rows[first:last], targets, seq.params.top_logprobs, self.token_bytes)
+        except Exception as exc:
+            log.exception("scoring prompt tokens failed")
+            seq.error, seq.error_status = f"prompt log-probabilities failed: {type(exc).__name__}", "INTERNAL"
 
     def sample(self, seqs: list[Sequence], logits: np.ndarray) -> dict[int, int]:
         """Mask constrained rows, sample every row, note log-probabilities; uid -> token (-1: failed)."""
@@ -104,16 +114,26 @@ class ModelStep:
             self.logits_hook(seqs, logits)
         tokens = sample_rows_guarded(logits, seqs)
         for i, s in enumerate(seqs):
-            if s.params.logprobs and tokens[i] >= 0:
-                p = s.params
-                s.pending_logprob = token_logprob(
-                    logits[i], int(tokens[i]), p.temperature, p.top_logprobs, self.token_bytes
-                )
+            if s.error is not None:  # failed earlier in this step (prompt scoring): ends with its error
+                tokens[i] = -1
+            elif s.params.logprobs and tokens[i] >= 0:
+                tokens[i] = self._note_logprob(s, logits[i], int(tokens[i]))
         if self.telemetry.enabled:
             for s in seqs:
                 if s.first_token_time is None:
                     self.telemetry.on_first_token(s)
         return {s.uid: int(t) for s, t in zip(seqs, tokens, strict=True)}
+
+    def _note_logprob(self, seq: Sequence, row: np.ndarray, token: int) -> int:
+        """The sampled token's log-probability entry; -1 (the sequence fails alone) if it cannot be made."""
+        p = seq.params
+        try:
+            seq.pending_logprob = token_logprob(row, token, p.temperature, p.top_logprobs, self.token_bytes)
+        except Exception as exc:
+            log.exception("computing log-probabilities failed")
+            seq.error, seq.error_status = f"log-probabilities failed: {type(exc).__name__}", "INTERNAL"
+            return -1
+        return token
 
     def show_kept(self, drafted: Drafted, accepted: dict[int, list[int]]) -> None:
         """Tests: the logits hook sees one row per kept speculative token, as for sampled rows."""

@@ -217,3 +217,29 @@ def test_generate_json_returns_logprobs_of_its_document(channel: grpc.Channel) -
     )
     assert len(resp.logprobs) == resp.usage.completion_tokens - 1 or len(resp.logprobs) == resp.usage.completion_tokens
     assert b"".join(e.token for e in resp.logprobs).decode() == resp.json
+
+
+def test_a_failing_logprob_computation_ends_only_its_own_request(
+    server: RunningServer, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import service.model_step
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise FloatingPointError("injected")
+
+    monkeypatch.setattr(service.model_step, "token_logprob", broken)
+    monkeypatch.setattr(service.model_step, "prompt_logprobs", broken)
+    out = run_stream(
+        channel,
+        [
+            req("lp", PROMPT, 8, logprobs=True),
+            req("echo", PROMPT, 4, echo_prompt_logprobs=True),
+            req("plain", PROMPT, 8, ignore_eos=True),
+        ],
+    )
+    for rid in ("lp", "echo"):
+        assert out[rid].error is not None and out[rid].error.status == "INTERNAL", out[rid]
+        assert "injected" not in out[rid].error.message  # the exception type, never its text
+    assert out["plain"].done is not None and len(out["plain"].token_ids) == 8
+    wait_idle(server)
+    assert_kv_clean(server)
