@@ -12,7 +12,8 @@ Two modes (``InferenceClient(balancing=...)``):
 * ``prefix_affinity``: :class:`AffinityPool` keeps one channel per resolved
   backend and places each Generate stream with a bounded-load consistent-hash
   ring (``ring.py``) keyed by the request's prefix, so requests sharing a
-  system prompt reach the replica that has it cached. Backends whose channel
+  system prompt reach the replica that has it cached; a key's home is the
+  less crowded of its two ring choices (``placement.py``). Backends whose channel
   is in TRANSIENT_FAILURE (down, or NOT_SERVING through the health check) leave
   the ring; only their keys move. DNS targets are re-resolved every
   ``resolve_every_s`` seconds.
@@ -31,6 +32,7 @@ from typing import Any
 import grpc
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
+from .placement import HomeTable
 from .ring import HashRing
 from .service_config import channel_options, load_balancing_service_config
 
@@ -128,6 +130,8 @@ class AffinityPool:
         self._factory = channel_factory or (lambda addr, opts: grpc.insecure_channel(addr, options=opts))
         self._lock = threading.Lock()
         self.ring = HashRing(epsilon=epsilon)
+        self.homes = HomeTable()
+        self.balance_keys = True  # False: the ring's own pick (bench scenario I compares the two)
         self.in_flight: dict[str, int] = {}
         self.placements: Counter[str] = Counter()  # streams placed per backend
         self.over_bound = 0  # placements above the ring's bound (only when every backend is down)
@@ -146,6 +150,7 @@ class AffinityPool:
             new = [b for b in backends if b not in self._channels]
             for b in gone:
                 self.ring.remove(b)
+                self.homes.forget_backend(b)
                 self._stubs.pop(b)
                 self._channels.pop(b).close()
             for b in new:
@@ -175,10 +180,14 @@ class AffinityPool:
             self.refresh()
         with self._lock:
             ring = self.ring if len(self.ring) else HashRing(self._channels, epsilon=self.ring.epsilon)
-            if avoid is not None and len(ring) > 1:
-                ring = HashRing(ring.backends - {avoid}, epsilon=ring.epsilon, vnodes=ring.vnodes)
             if key is None:
                 backend = min(sorted(ring.backends), key=lambda b: self.in_flight.get(b, 0))
+            elif avoid is not None and len(ring) > 1:
+                # NOTE: a retry away from a failed backend does not move the key's home
+                ring = HashRing(ring.backends - {avoid}, epsilon=ring.epsilon, vnodes=ring.vnodes)
+                backend = ring.pick(key, self.in_flight)
+            elif self.balance_keys:
+                backend = self.homes.pick(ring, key, self.in_flight)
             else:
                 backend = ring.pick(key, self.in_flight)
             self.in_flight[backend] = self.in_flight.get(backend, 0) + 1
