@@ -23,6 +23,7 @@ from service.thread_governor import Change, GovernorConfig, ThreadGovernor
 log = logging.getLogger("service.threads")
 PRESSURE_PATH = Path("/proc/pressure/cpu")
 PROC_STAT = Path("/proc/stat")
+STALE_POLLS = 3  # a neighbour sample spanning more polls than this is discarded
 
 
 class ThreadSettable(Protocol):
@@ -141,7 +142,9 @@ class ContentionSignal:
         busy, own = parse_busy_seconds(self.proc_stat.read_text()), self._own_cpu()
         if busy is None:
             return False
-        if self._cpu is not None and now > self._cpu[0]:
+        # NOTE: a sample older than a few polls spans a time we were idle (no steps, no
+        # polls): other processes' CPU then says nothing about the load we now run beside.
+        if self._cpu is not None and 0 < now - self._cpu[0] <= STALE_POLLS * self.poll_s:
             cores = max(0.0, (busy - self._cpu[1]) - (own - self._cpu[2])) / (now - self._cpu[0])
             self.last_neighbour_cores = cores
             if cores >= self.on_cores:

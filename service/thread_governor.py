@@ -10,18 +10,19 @@ process). Which count is faster depends on the neighbours, so it is measured.
 
 How: the governor keeps the count it has *chosen* and every so often *probes*
 the other count for a few steps, comparing step times of similar steps (same
-token-count bucket, the chosen count's times from the last ``fresh_s`` or
-four steps, whichever is longer). The
-other count must win by ``margin`` to be chosen
-(hysteresis); a probe that loses doubles the wait before the next one (up to
-``max_interval_s``), a switch resets it. A probe step that is decisively slower
-(``abort_ratio``) ends the probe at once, so probing the full count next to a
-busy neighbour costs about one slow step. Contention signals only schedule a
-probe now: step time at the full count rising to ``slowdown`` x its uncontended
-level, and outside signals (``signal``) starting while on the full count or
-ending while on the reduced one. A full-count step ``collapse`` x its
-uncontended level (the barrier stall makes a step take seconds) switches to the
-reduced count at once, without a probe.
+token-count bucket, the chosen count's times from the last ``fresh_s`` or four
+steps, whichever is longer). The other count must win by ``margin`` to be
+chosen (hysteresis); a probe that loses doubles the wait before the next one
+(up to ``max_interval_s``), a switch resets it. A probe step that is decisively
+slower (``abort_ratio``) ends the probe at once, so probing the full count next
+to a busy neighbour costs about one slow step. While an outside signal says
+the machine is quiet, the full count is not questioned at all (no probes).
+Contention signals only schedule a probe now: step time at the full count
+rising to ``slowdown`` x its uncontended level, and outside signals
+(``signal``) starting while on the full count or ending while on the reduced
+one. A full-count step ``collapse`` x its uncontended level (the barrier stall
+makes a step take seconds) switches to the reduced count at once, without a
+probe, whatever the outside signal says.
 
 Not thread-safe: the engine thread calls ``observe`` after every step.
 """
@@ -95,7 +96,7 @@ class ThreadGovernor:
         self._recent: deque[int] = deque(maxlen=32)  # buckets of the last steps
         self._step_s: float | None = None  # EWMA of all step times
         self._slow = False  # full-thread steps well above their uncontended level
-        self._outside = False  # the last outside contention signal
+        self._outside: bool | None = None  # the last outside contention signal (None: none yet)
 
     @property
     def threads(self) -> int:
@@ -120,7 +121,7 @@ class ThreadGovernor:
             if self._collapsed(b, seconds):
                 return self._drop(now)
         self._recent.append(b)
-        if now >= self._next_probe and self._steady(b):
+        if now >= self._next_probe and self._steady(b) and not self._quiet():
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
             self._probe = _Probe(other, started=now)
             return Change(other, False, "probe")
@@ -135,6 +136,17 @@ class ThreadGovernor:
         if contended != self._outside and contended == (self.chosen == self.config.full):
             self._probe_soon(now)
         self._outside = contended
+
+    def _quiet(self) -> bool:
+        """On the full count with the outside signal saying nobody else wants the CPU: no probe.
+
+        NOTE: probing fewer threads on a quiet machine can only lose (or win by
+        noise: a burst of our own clients' CPU use inflates a reference), and each
+        probe or false switch costs steps at the slower count. Without any outside
+        signal (``None``) the governor probes on its schedule as before; a collapse
+        still drops at once, whatever the signal says.
+        """
+        return self.chosen == self.config.full and self._outside is False
 
     def _steady(self, b: int) -> bool:
         """Start a probe only on the most common kind of step, with a few recent ones as reference

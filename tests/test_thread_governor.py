@@ -351,3 +351,51 @@ def test_a_collapsed_full_thread_step_drops_to_fewer_threads_at_once() -> None:
     change = g.observe(4, 0.045 * 5, sim.now + 0.4)  # 5x the uncontended level: the barrier stall
     assert change is not None and change.switch and change.threads == 1
     assert g.chosen == 1 and len(sim.changes) == n
+
+
+def test_a_quiet_outside_signal_stops_probing_and_contention_still_switches_at_once() -> None:
+    g = governor()
+    sim = Sim(g)
+    g.signal(False, sim.now)
+    sim.run(300, QUIET)
+    assert sim.changes == []  # no probe of fewer threads while the machine is known to be quiet
+    g.signal(True, sim.now)
+    sim.run(5, BUSY)
+    assert g.chosen == 1  # contention: probed at once and switched
+    g.signal(False, sim.now)
+    sim.run(5, QUIET)
+    assert g.chosen == 2
+    n = len(sim.changes)
+    sim.run(300, QUIET)
+    assert len(sim.changes) == n
+
+
+def test_a_full_thread_collapse_drops_even_when_the_signal_says_quiet() -> None:
+    g = governor()
+    sim = Sim(g)
+    g.signal(False, sim.now)
+    sim.run(10, QUIET)
+    sim.run(3, BUSY)  # a neighbour the signal has not seen yet: the 0.7 s steps are a collapse
+    assert g.chosen == 1
+
+
+def test_a_neighbour_sample_spanning_an_idle_gap_is_discarded(tmp_path: Path) -> None:
+    """Other processes' CPU while we had no steps says nothing about the load we run beside now."""
+    stat, own = tmp_path / "stat", [0.0]
+
+    def write(busy_jiffies: int) -> None:
+        stat.write_text(f"cpu  {busy_jiffies} 0 0 5000 0 0 0 0 0 0\n")
+
+    write(0)
+    sig = ContentionSignal(None, None, proc_stat=stat, poll_s=1.0, own_cpu=lambda: own[0])
+    if sig.proc_stat is None:
+        pytest.skip("this process may not use every CPU (affinity)")
+    assert sig.poll(0.0) is False
+    write(2000)  # 20 busy CPU-seconds over the next 10 s, none ours: another server's busy window
+    assert sig.poll(10.0) is False and sig.last_neighbour_cores is None
+    write(2190)  # then 1.9 busy in 1 s, 1.8 ours: quiet
+    own[0] = 1.8
+    assert sig.poll(11.0) is False and sig.last_neighbour_cores == pytest.approx(0.1)
+    write(2390)  # 2.0 busy, 1.0 ours: a neighbour now, measured over a fresh second
+    own[0] = 2.8
+    assert sig.poll(12.0) is True
