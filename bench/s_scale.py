@@ -10,14 +10,18 @@ whole could hold it, one replica cannot.
 
 * ``round_robin``: gRPC's policy; every replica sees every system prompt.
 * ``prefix_affinity``: the bounded-load consistent-hash ring keyed by the
-  system prompt (epsilon 0.25; 0.1 and 0.5 for comparison), so each prompt has a
-  home replica unless that one is over (1 + epsilon) x the mean in-flight.
+  system prompt (epsilon 0.25), each prompt's home the less crowded of its two
+  ring choices (``placement.HomeTable``), so each prompt has a home replica
+  unless that one is over (1 + epsilon) x the mean in-flight.
+* ``prefix_affinity_ring_only``: the same without the home table (each
+  prompt's home is its first ring choice), the routing of the previous runs.
 
 Reported per mode: aggregate prefix hit rate (sum of the replicas' GetMetrics
 kv counters over the measured passes), client TTFT p50/p99, and the in-flight
 balance: each replica's running + waiting requests sampled every 0.2 s, the
 max over replicas of their time-averaged in-flight divided by the mean.
-Fresh replicas (cold caches) for each mode.
+Fresh replicas (cold caches) for each run; the modes alternate and repeat
+(``BENCH_SCALE_REPEATS``, default 2) and each mode's row pools its runs.
 
 Sensitivity runs (not part of ``make bench``): ``BENCH_SCALE_CACHE_TOKENS`` sets the
 per-replica cache, ``BENCH_SCALE_MODES`` (comma-separated labels) picks the modes.
@@ -43,12 +47,13 @@ REPLICAS = 3
 MODES = (
     ("round_robin", "round_robin", 0.25),
     ("prefix_affinity", "prefix_affinity", 0.25),
-    ("prefix_affinity_eps0.1", "prefix_affinity", 0.1),
-    ("prefix_affinity_eps0.5", "prefix_affinity", 0.5),
+    ("prefix_affinity_ring_only", "prefix_affinity", 0.25),
 )
 MAX_TOKENS = 16
 SAMPLE_S = 0.2
 CACHE_TOKENS = int(os.environ.get("BENCH_SCALE_CACHE_TOKENS", "8192"))
+# round_robin's hit rate moves by 13 points between runs (arrival order), so each mode runs this often
+REPEATS = int(os.environ.get("BENCH_SCALE_REPEATS", "2"))
 
 
 def _requests(systems: list[str], maker: PromptMaker, rounds: int) -> list[list[str]]:
@@ -109,11 +114,11 @@ class _InFlightSampler:
         self._stop.set()
         self._thread.join(10)
 
-    def balance(self) -> dict[str, Any]:
+    def balance(self, replicas: int = REPLICAS) -> dict[str, Any]:
         if not self.samples:
             return {"samples": 0}
         n = len(self.samples)
-        means = [sum(s[r] for s in self.samples) / n for r in range(len(self.monitors))]
+        means = [sum(s[r] for s in self.samples) / n for r in range(replicas)]
         mean = sum(means) / len(means)
         return {
             "samples": n,
@@ -144,6 +149,8 @@ def _run_mode(
         client = stack.enter_context(
             InferenceClient(target, timeout=600, balancing=mode, affinity_epsilon=epsilon)
         )
+        if client.pool is not None:
+            client.pool.balance_keys = not label.endswith("ring_only")
         _closed_loop(client, fill)
         k0 = _kv(monitors)
         t0 = time.perf_counter()
@@ -151,20 +158,40 @@ def _run_mode(
             ttfts, errors = _closed_loop(client, measured)
         wall = time.perf_counter() - t0
         k1 = _kv(monitors)
-    hits = [a[0] - b[0] for a, b in zip(k1, k0, strict=True)]
-    prompts = [a[1] - b[1] for a, b in zip(k1, k0, strict=True)]
+    return {
+        "ttfts_ms": ttfts,
+        "errors": errors,
+        "wall_s": wall,
+        "hits": [a[0] - b[0] for a, b in zip(k1, k0, strict=True)],
+        "prompts": [a[1] - b[1] for a, b in zip(k1, k0, strict=True)],
+        "requests": [a[2] - b[2] for a, b in zip(k1, k0, strict=True)],
+        "in_flight_samples": sampler.samples,
+    }
+
+
+def _pooled(mode: str, epsilon: float, runs: list[dict]) -> dict:
+    """One row over every repetition: hit rates from summed counters, TTFTs and in-flight samples pooled."""
+    hits = [sum(r["hits"][i] for r in runs) for i in range(REPLICAS)]
+    prompts = [sum(r["prompts"][i] for r in runs) for i in range(REPLICAS)]
+    errors = [e for r in runs for e in r["errors"]]
+    sampler = _InFlightSampler([])
+    sampler.samples = [s for r in runs for s in r["in_flight_samples"]]
     return {
         "balancing": mode,
         "epsilon": epsilon if mode == "prefix_affinity" else None,
-        "requests": sum(len(w) for w in measured),
+        "repeats": len(runs),
+        "requests": sum(sum(r["requests"]) for r in runs),
         "failed": len(errors),
         "errors": sorted(set(errors))[:5],
-        "wall_s": round(wall, 1),
-        "requests_per_replica": [a[2] - b[2] for a, b in zip(k1, k0, strict=True)],
+        "wall_s": round(sum(r["wall_s"] for r in runs), 1),
+        "requests_per_replica": [sum(r["requests"][i] for r in runs) for i in range(REPLICAS)],
         "prefix_hit_rate": sum(hits) / sum(prompts) if sum(prompts) else None,
+        "prefix_hit_rate_per_run": [
+            sum(r["hits"]) / sum(r["prompts"]) if sum(r["prompts"]) else None for r in runs
+        ],
         "prefix_hit_rate_per_replica": [h / p if p else None for h, p in zip(hits, prompts, strict=True)],
-        "ttft": latency_summary(ttfts),
-        "in_flight": sampler.balance(),
+        "ttft": latency_summary([t for r in runs for t in r["ttfts_ms"]]),
+        "in_flight": sampler.balance(REPLICAS),
     }
 
 
@@ -180,14 +207,20 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "system_prompt_tokens": length,
         "clients": CLIENTS,
         "measured_requests": n_sys * rounds,
+        "repeats": REPEATS,
         "max_tokens": MAX_TOKENS,
         "prefix_cache_tokens_per_replica": CACHE_TOKENS,
     }
     chosen = os.environ.get("BENCH_SCALE_MODES", "").split(",")
     modes = [m for m in MODES if m[0] in chosen] if chosen != [""] else list(MODES)
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in modes}
+    for rep in range(REPEATS):  # NOTE: modes alternate, so a noisy minute hurts every mode alike
+        for label, mode, epsilon in modes:
+            runs[label].append(_run_mode(cfg, label, mode, epsilon, fill, measured))
+            r = runs[label][-1]
+            say(f"  {label} run {rep + 1}: hit rate {100 * sum(r['hits']) / max(1, sum(r['prompts'])):.1f}%")
     for label, mode, epsilon in modes:
-        row = _run_mode(cfg, label, mode, epsilon, fill, measured)
-        out[label] = row
+        row = out[label] = _pooled(mode, epsilon, runs[label])
         say(
             f"  {label}: hit rate {(row['prefix_hit_rate'] or 0) * 100:.1f}%, TTFT p50 "
             f"{row['ttft']['p50_ms'] or 0:.0f} ms p99 {row['ttft']['p99_ms'] or 0:.0f} ms, in-flight max/mean "
