@@ -18,8 +18,9 @@ choice comes first in that walk, so a spilled prompt keeps landing on the same
 second replica.
 
 NOTE: homes are per client. Two client processes that see keys in a different
-order may give a key different homes, but only ever one of its two ring
-choices, so a prefix is cached on at most two replicas across all clients.
+order may give a key different homes, but (unless both of its choices are
+crowded) one of its two ring choices, so a prefix is usually cached on at most
+two replicas across all clients.
 """
 
 from __future__ import annotations
