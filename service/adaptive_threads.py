@@ -24,6 +24,7 @@ log = logging.getLogger("service.threads")
 PRESSURE_PATH = Path("/proc/pressure/cpu")
 PROC_STAT = Path("/proc/stat")
 STALE_POLLS = 3  # a neighbour sample spanning more polls than this is discarded
+RESAMPLE_S = 0.25  # ... and the next one is taken this soon
 
 
 class ThreadSettable(Protocol):
@@ -151,6 +152,8 @@ class ContentionSignal:
                 self._neighbours_busy = True
             elif cores < self.off_cores:
                 self._neighbours_busy = False
+        else:  # no figure yet, or a stale one: take a fresh one soon rather than after poll_s
+            self._next = now + min(self.poll_s, RESAMPLE_S)
         self._cpu = (now, busy, own)
         return self._neighbours_busy
 

@@ -393,9 +393,10 @@ def test_a_neighbour_sample_spanning_an_idle_gap_is_discarded(tmp_path: Path) ->
     assert sig.poll(0.0) is False
     write(2000)  # 20 busy CPU-seconds over the next 10 s, none ours: another server's busy window
     assert sig.poll(10.0) is False and sig.last_neighbour_cores is None
-    write(2190)  # then 1.9 busy in 1 s, 1.8 ours: quiet
-    own[0] = 1.8
-    assert sig.poll(11.0) is False and sig.last_neighbour_cores == pytest.approx(0.1)
-    write(2390)  # 2.0 busy, 1.0 ours: a neighbour now, measured over a fresh second
-    own[0] = 2.8
-    assert sig.poll(12.0) is True
+    write(2047)  # then 0.47 busy in 0.25 s (the quick re-sample), 0.45 ours: 0.08 cores, quiet
+    own[0] = 0.45
+    assert sig.poll(10.25) is False and sig.last_neighbour_cores == pytest.approx(0.08)
+    write(2247)  # 2.0 busy in 1 s, 1.0 ours: a neighbour now, measured over a fresh second
+    own[0] = 1.45
+    assert sig.poll(11.0) is None  # not yet due (polls once per poll_s)
+    assert sig.poll(11.25) is True
