@@ -16,6 +16,14 @@ from service.events import Delta, Done
 from service.response_cache.cache import CacheConfig, ResponseCache, Ticket
 from service.response_cache.facts import facts, same_facts
 from service.response_cache.key import ModelIdentity, exact_key, semantic_scope, split_user_message
+from service.response_cache.relations import (
+    added_qualifier,
+    content_substitution,
+    directions,
+    negated_by_prefix,
+    reversed_direction,
+    swapped,
+)
 from service.response_cache.store import Entry, MemoryStore, SqliteStore
 from service.sequence import FinishReason, SamplingParams, Sequence
 
@@ -347,6 +355,13 @@ def test_a_refused_leader_releases_its_waiters() -> None:
         ("How many kilometers are in 5 miles?", "Convert 5 miles to kilometers."),
         ("Is 97 a prime number?", "Is the number 97 prime?"),
         ("Who was Albert Einstein?", "Tell me who Albert Einstein was."),
+        (
+            "What is the difference between Python and Java?",
+            "What is the difference between Java and Python?",
+        ),
+        ("Send 20 dollars from Alice to Bob.", "Send 20 dollars to Bob from Alice."),  # same direction
+        ("Is Pluto a planet?", "Is Pluto considered a planet?"),  # a hedge, not a qualifier
+        ("Wait a second before retrying.", "Wait one second before retrying."),  # "second" the unit
     ],
 )
 def test_paraphrases_keep_their_facts(a: str, b: str) -> None:
@@ -361,11 +376,74 @@ def test_paraphrases_keep_their_facts(a: str, b: str) -> None:
         ("What is 2 to the power of 10?", "What is 10 to the power of 2?"),  # number order
         ("What is the capital of France?", "What is the capital of Germany?"),  # name
         ("How many ounces are in a cup?", "How many tablespoons are in a cup?"),  # unit
-        ("Convert 100 degrees Fahrenheit to Celsius.", "Convert 100 degrees Celsius to Fahrenheit."),  # binding
+        (
+            "Convert 100 degrees Fahrenheit to Celsius.",
+            "Convert 100 degrees Celsius to Fahrenheit.",
+        ),  # binding
         ("What is the largest ocean on Earth?", "What is the smallest ocean on Earth?"),  # superlative
         ("Who painted the Mona Lisa?", "When was the Mona Lisa painted?"),  # kind of question
         ("What is the boiling point of water?", "What is the freezing point of water?"),  # contrast
+        ("How do I convert a string to an integer?", "How do I convert an integer to a string?"),  # swap
+        ("Did Apple sue Samsung?", "Did Samsung sue Apple?"),  # role swap
+        ("How many liters are in a gallon?", "How many gallons are in a liter?"),  # swap around "are in"
+        ("How do I turn a PDF into Word?", "How can I convert Word to a PDF?"),  # reversed direction
+        ("Is it safe to eat raw eggs?", "Is it unsafe to eat raw eggs?"),  # negating prefix
+        ("How do I install numpy?", "How do I uninstall numpy?"),  # negating prefix
+        ("Is a laptop cheaper than a desktop?", "Is a laptop more expensive than a desktop?"),  # comparative
+        ("What was the weather like yesterday?", "What will the weather be like tomorrow?"),  # time word
+        ("Who is the landlord here?", "Who is the tenant here?"),  # role
+        ("What is the tallest building in Asia?", "What is the second tallest building in Asia?"),  # ordinal
+        ("What is the GDP of Japan?", "What is the GDP per capita of Japan?"),  # added qualifier
+        ("Does the store open at 9?", "Does the store close at 9?"),
     ],
 )
 def test_near_misses_change_their_facts(a: str, b: str) -> None:
     assert not same_facts(facts(a), facts(b))
+
+
+# -- relations: word order and word choice --------------------------------------------------------
+def _order(text: str) -> tuple[str, ...]:
+    return facts(text).sequence
+
+
+def test_a_swap_needs_two_spans_exchanged_around_a_non_symmetric_middle() -> None:
+    assert swapped(_order("Flights from New York to Boston"), _order("Flights from Boston to New York"))
+    assert not swapped(_order("Compare Python and Java"), _order("Compare Java and Python"))  # "and" is symmetric
+    assert not swapped(_order("Is 97 a prime number?"), _order("Is the number 97 prime?"))  # adjacent: rewording
+    assert not swapped(_order("Is 97 prime?"), _order("Is 97 prime?"))
+
+
+def test_directions_relate_the_content_words_around_a_preposition() -> None:
+    a = directions(_order("Convert my PDF into a Word file"))
+    assert ("pdf", "to", "word") in a
+    assert reversed_direction(a, directions(_order("convert Word to PDF")))
+    assert not reversed_direction(a, directions(_order("convert PDF to Word please")))
+
+
+def test_a_negating_prefix_is_found_only_when_the_other_side_lacks_the_prefixed_word() -> None:
+    assert negated_by_prefix(frozenset({"safe", "eat"}), frozenset({"unsafe", "eat"}))
+    assert not negated_by_prefix(frozenset({"safe", "unsafe"}), frozenset({"unsafe"}))
+    assert not negated_by_prefix(frozenset({"to"}), frozenset({"into"}))  # stems under 4 letters
+
+
+def test_an_added_qualifier_needs_a_content_word() -> None:
+    assert added_qualifier(_order("boil an egg"), _order("boil a duck egg"))
+    assert not added_qualifier(_order("Is Pluto a planet?"), _order("Is Pluto really a planet?"))
+
+
+def test_content_substitution_skips_function_words_and_shared_stems() -> None:
+    assert content_substitution(_order("Can I eat raw chicken?"), _order("Can I eat raw salmon?")) == (
+        "chicken",
+        "salmon",
+    )
+    assert content_substitution(_order("Who painted it?"), _order("Who was the painter of it?")) is None
+    assert content_substitution(_order("What is the capital?"), _order("Which is the capital?")) is None
+    assert content_substitution(_order("a b c d e"), _order("v w x y z")) is None  # not one short span
+
+
+def test_contrast_groups_include_inflected_adjectives_and_synonym_classes() -> None:
+    assert (
+        same_facts(facts("Which is the biggest planet?"), facts("Which is the largest planet?")) is False
+    )  # superlative
+    assert same_facts(facts("Is it a big house?"), facts("Is it a large house?"))  # one class
+    assert not same_facts(facts("Is it a bigger house?"), facts("Is it a smaller house?"))

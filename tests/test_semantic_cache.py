@@ -79,6 +79,16 @@ def test_near_misses_that_embed_close_are_refused_by_their_facts(minilm: MiniLM)
         assert index.nearest(f"s{i}", asked, index.embed(asked)) is None, (stored, asked, close)
 
 
+def test_a_one_word_substitution_hits_only_when_the_words_are_synonyms(minilm: MiniLM) -> None:
+    index = SemanticIndex(minilm, threshold=0.75)
+    stored = "Where can I buy a cheap sofa in Rome?"
+    index.add("s", stored, index.embed(stored), "k")
+    synonym, other = "Where can I buy a cheap couch in Rome?", "Where can I buy a cheap table in Rome?"
+    assert index.nearest("s", synonym, index.embed(synonym)) == "k"  # sofa / couch 0.86
+    assert float(index.embed(stored) @ index.embed(other)) >= 0.75  # close enough by similarity alone
+    assert index.nearest("s", other, index.embed(other)) is None
+
+
 def test_a_lower_similarity_than_the_threshold_misses(minilm: MiniLM) -> None:
     index = SemanticIndex(minilm, threshold=0.99)
     index.add("s", QUESTION, index.embed(QUESTION), "k")

@@ -171,10 +171,11 @@ class ResponseCache:
             return Hit(entry)
         if t.scope is None or self.semantic is None:
             return None
+        loop = asyncio.get_running_loop()
         if t.vector is None:
-            loop = asyncio.get_running_loop()
             t.vector = await loop.run_in_executor(None, self.semantic.embed, t.user_text)
-        key = self.semantic.nearest(t.scope, t.user_text, t.vector, exclude=t.key)
+        # NOTE: off the loop: a candidate's substituted words may need embedding (semantic.SYNONYM_MIN).
+        key = await loop.run_in_executor(None, self.semantic.nearest, t.scope, t.user_text, t.vector, t.key)
         if key is None:
             return None
         entry = self.store.get(key)

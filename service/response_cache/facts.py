@@ -2,7 +2,8 @@
 
 A semantic hit (``semantic.SemanticIndex``) needs ``same_facts``: the same
 numbers, the same negation, the same units, and every capitalised name of one
-message present in the other. The rules are deliberately simple and err on the
+message present in the other, no contrasting words (``lexicon.CONTRASTS``) and no
+swapped or reversed roles (``relations``). The rules are deliberately simple and err on the
 side of a miss (a paraphrase that drops a unit or spells a name differently is
 not reused); bench scenario K measures both sides on bench/data/.
 """
@@ -12,126 +13,31 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.response_cache.lexicon import (
+    AMBIGUOUS_UNITS,
+    CONTRASTS,
+    NEGATIONS,
+    NOT_NAMES,
+    NOT_SUPERLATIVES,
+    NUMBER_WORDS,
+    TIME_NOUNS,
+    TIME_OPENERS,
+    TIME_UNITS,
+    UNITS,
+    WH,
+    norm,
+)
+from service.response_cache.relations import (
+    added_qualifier,
+    directions,
+    negated_by_prefix,
+    reversed_direction,
+    sequence,
+    swapped,
+)
+
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’]*|\d+(?:[.,]\d+)*|[%°$€£¥]|[.!?;:]")
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-# NOTE: "one" and "second" are left out: "a cup" / "one cup" and "seconds" the unit are paraphrase noise.
-NUMBER_WORDS = _words(
-    "zero two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million "
-    "billion trillion half quarter dozen first third fourth fifth once twice double triple"
-)
-NEGATIONS = _words(
-    "not no never none nobody nothing neither nor without cannot isn't aren't wasn't weren't don't doesn't "
-    "didn't won't wouldn't can't couldn't shouldn't hasn't haven't hadn't mustn't"
-)
-UNITS = {  # synonym -> canonical
-    **dict.fromkeys(["km", "kilometer", "kilometers", "kilometre", "kilometres"], "km"),
-    **dict.fromkeys(["mi", "mile", "miles"], "mile"),
-    **dict.fromkeys(["m", "meter", "meters", "metre", "metres"], "m"),
-    **dict.fromkeys(["cm", "centimeter", "centimeters"], "cm"),
-    **dict.fromkeys(["mm", "millimeter", "millimeters"], "mm"),
-    **dict.fromkeys(["ft", "foot", "feet"], "ft"),
-    **dict.fromkeys(["in", "inch", "inches"], "inch"),
-    **dict.fromkeys(["yd", "yard", "yards"], "yard"),
-    **dict.fromkeys(["kg", "kilogram", "kilograms", "kilo", "kilos"], "kg"),
-    **dict.fromkeys(["g", "gram", "grams"], "g"),
-    **dict.fromkeys(["lb", "lbs", "pound", "pounds"], "lb"),
-    **dict.fromkeys(["oz", "ounce", "ounces"], "oz"),
-    **dict.fromkeys(["l", "liter", "liters", "litre", "litres"], "l"),
-    **dict.fromkeys(["ml", "milliliter", "milliliters"], "ml"),
-    **dict.fromkeys(["gal", "gallon", "gallons"], "gal"),
-    **dict.fromkeys(["c", "celsius", "centigrade"], "celsius"),
-    **dict.fromkeys(["f", "fahrenheit"], "fahrenheit"),
-    **dict.fromkeys(["kelvin"], "kelvin"),
-    **dict.fromkeys(["s", "sec", "second", "seconds"], "s"),
-    **dict.fromkeys(["min", "minute", "minutes"], "min"),
-    **dict.fromkeys(["h", "hr", "hour", "hours"], "h"),
-    **dict.fromkeys(["day", "days"], "day"),
-    **dict.fromkeys(["week", "weeks"], "week"),
-    **dict.fromkeys(["month", "months"], "month"),
-    **dict.fromkeys(["year", "years"], "year"),
-    **dict.fromkeys(["mph"], "mph"),
-    **dict.fromkeys(["kph", "kmh"], "kph"),
-    **dict.fromkeys(["$", "usd", "dollar", "dollars"], "usd"),
-    **dict.fromkeys(["€", "eur", "euro", "euros"], "eur"),
-    **dict.fromkeys(["£", "gbp", "sterling"], "gbp"),
-    **dict.fromkeys(["¥", "yen", "jpy"], "jpy"),
-    **dict.fromkeys(["%", "percent", "percentage"], "percent"),
-    **dict.fromkeys(["kb", "kilobyte", "kilobytes"], "kb"),
-    **dict.fromkeys(["mb", "megabyte", "megabytes"], "mb"),
-    **dict.fromkeys(["gb", "gigabyte", "gigabytes"], "gb"),
-    **dict.fromkeys(["tb", "terabyte", "terabytes"], "tb"),
-    **dict.fromkeys(["byte", "bytes"], "byte"),
-    **dict.fromkeys(["w", "watt", "watts"], "w"),
-    **dict.fromkeys(["kw", "kilowatt", "kilowatts"], "kw"),
-    **dict.fromkeys(["kwh"], "kwh"),
-    **dict.fromkeys(["v", "volt", "volts"], "v"),
-    **dict.fromkeys(["acre", "acres"], "acre"),
-    **dict.fromkeys(["hectare", "hectares", "ha"], "ha"),
-    **dict.fromkeys(["cup", "cups"], "cup"),
-    **dict.fromkeys(["tablespoon", "tablespoons", "tbsp"], "tbsp"),
-    **dict.fromkeys(["teaspoon", "teaspoons", "tsp"], "tsp"),
-}
-# Unit spellings that are also ordinary words or letters: a unit only right after a number ("5 m").
-AMBIGUOUS_UNITS = _words("in m s c f l g h w v ha min sec second seconds")
-# Time units are everyday words ("what year", "how many days"): a unit after a number or every/per/each/a/an.
-TIME_UNITS = _words("s min h day week month year")
-TIME_OPENERS = _words("every per each a an many much")
-# Words of one group exclude each other: a message with one and another with a different one ask for
-# different things (generic English contrasts, not tuned per question).
-CONTRASTS = [
-    _words(group)
-    for group in (
-        "boiling freezing melting",
-        "begin began start started end ended finish finished",
-        "soft hard",
-        "hot cold warm cool",
-        "buy bought sell sold",
-        "open close",
-        "create add insert delete remove rename",
-        "read write append",
-        "before after",
-        "increase decrease",
-        "more less",
-        "minimum maximum min max",
-        "first last",
-        "morning afternoon evening night",
-        "plus minus times divided",
-        "square cube",
-        "import export",
-        "win won lose lost",
-        "upload download",
-        "encrypt decrypt",
-        "enable disable",
-        "male female",
-        "left right",
-        "north south east west",
-        "summer winter spring autumn",
-        "inside outside",
-        "above below",
-        "push pull",
-        "sort reverse shuffle",
-        "hide show",
-        "black white green red blue yellow",
-        "cat dog",
-    )
-]
-WH = {"who": "person", "whom": "person", "whose": "person", "when": "time", "where": "place", "why": "reason"}
-TIME_NOUNS = _words("year years date day")
-# Superlatives change the question ("largest" / "smallest"); these words only look like one.
-NOT_SUPERLATIVES = _words(
-    "interest test rest west request suggest honest forest guest chest nest protest digest contest "
-    "harvest invest manifest earnest modest quest arrest pest vest crest priest"
-)
-NOT_NAMES = _words(
-    "i i'm i've i'd us"  # capitalised pronouns are not names
-)
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+(?:[.,]\d+)*|[%°$€£¥&]|[.!?;:]")
 
 
 @dataclass(frozen=True)
@@ -144,12 +50,8 @@ class Facts:
     bound: frozenset[tuple[str, str]] = frozenset()  # (number, the unit right after it)
     asks: str = ""  # who / when / where / why, when the question says
     superlatives: frozenset[str] = frozenset()
-
-
-def _norm(word: str) -> str:
-    w = word.lower().replace("’", "'")
-    w = w.removesuffix("'s")
-    return w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+    sequence: tuple[str, ...] = ()  # the words in order, without articles (``relations.sequence``)
+    directions: frozenset[tuple[str, str, str]] = frozenset()  # (x, "to", y) ...
 
 
 def _unit(prev: str, word: str) -> str | None:
@@ -163,6 +65,11 @@ def _unit(prev: str, word: str) -> str | None:
     if unit in TIME_UNITS and not (after_number or prev in TIME_OPENERS):
         return None
     return unit
+
+
+def _ordinal_second(prev: str, low: str) -> bool:
+    """ "second" the ordinal ("the second tallest"), not the unit ("30 seconds", "a second")."""
+    return low == "second" and not (_NUMBER.fullmatch(prev) or prev in NUMBER_WORDS or prev in TIME_OPENERS)
 
 
 def _bound(tokens: list[str]) -> frozenset[tuple[str, str]]:
@@ -195,17 +102,18 @@ def facts(text: str) -> Facts:
     prev = "."
     for tok in tokens:
         low = tok.lower().replace("’", "'")
-        if low in NUMBER_WORDS or _NUMBER.fullmatch(tok):
+        if low in NUMBER_WORDS or _NUMBER.fullmatch(tok) or _ordinal_second(prev.lower(), low):
             numbers.append(low.replace(",", ""))
         negated = negated or low in NEGATIONS or low.endswith("n't")
         if (unit := _unit(prev.lower(), tok)) is not None:
             units.add(unit)
         if tok[:1].isalpha():
-            words.add(_norm(tok))
+            words.add(norm(tok))
             if tok[:1].isupper() and prev not in ".!?;:" and low not in NOT_NAMES:
-                names.add(_norm(tok))
+                names.add(norm(tok))
         prev = tok
     lower = [t.lower() for t in tokens]
+    seq = sequence(tokens)
     superlatives = {w for w in lower if len(w) > 4 and w.endswith("est") and w not in NOT_SUPERLATIVES}
     return Facts(
         tuple(numbers),
@@ -216,12 +124,16 @@ def facts(text: str) -> Facts:
         _bound(tokens),
         _asks(lower),
         frozenset(superlatives | ({"best"} & set(lower))),
+        seq,
+        directions(seq),
     )
 
 
 def _contrasting(a: Facts, b: Facts) -> bool:
+    """A word class of a contrast group in one message, only another class of it in the other."""
     for group in CONTRASTS:
-        in_a, in_b = a.words & group, b.words & group
+        in_a = {group[w] for w in a.words if w in group}
+        in_b = {group[w] for w in b.words if w in group}
         if in_a and in_b and not in_a & in_b:
             return True
     return False
@@ -229,7 +141,8 @@ def _contrasting(a: Facts, b: Facts) -> bool:
 
 def same_facts(a: Facts, b: Facts) -> bool:
     """Equal numbers, negation, units, number-unit pairs and superlatives; each message's names appear
-    in the other; the same kind of question (who/when/where/why) when both say; no contrasting words."""
+    in the other; the same kind of question (who/when/where/why) when both say; no contrasting words,
+    no word negated by a prefix in the other, no two words or phrases swapped, no reversed direction, no qualifier added."""
     return (
         a.numbers == b.numbers
         and a.negated == b.negated
@@ -240,4 +153,8 @@ def same_facts(a: Facts, b: Facts) -> bool:
         and b.names <= a.words
         and (not a.asks or not b.asks or a.asks == b.asks)
         and not _contrasting(a, b)
+        and not negated_by_prefix(a.words, b.words)
+        and not swapped(a.sequence, b.sequence)
+        and not reversed_direction(a.directions, b.directions)
+        and not added_qualifier(a.sequence, b.sequence)
     )

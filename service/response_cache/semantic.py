@@ -12,7 +12,10 @@ A hit needs (a) the same scope (tenant, model, sampling, format, every other
 message: ``key.semantic_scope``), (b) cosine similarity >= the threshold and
 (c) equal *facts* (``facts``): numbers, negation, units and capitalised names
 must match exactly, because those are what a near-miss changes while its
-embedding barely moves.
+embedding barely moves, and (d) when the two messages differ in one short span
+of content words only ("raw chicken" / "raw salmon"), those spans must embed
+as near-synonyms (>= ``SYNONYM_MIN``: "movie" / "film" 0.84, "chicken" /
+"salmon" 0.55).
 """
 
 from __future__ import annotations
@@ -26,10 +29,16 @@ from typing import Any
 import numpy as np
 
 from service.response_cache.facts import Facts, facts, same_facts
+from service.response_cache.relations import content_substitution
 
 MAX_SEQ_TOKENS = 256  # the model's max_seq_length (sentence_bert_config.json)
 HEADS = 12
 LN_EPS = 1e-12
+# NOTE: measured with this model: synonyms 0.80-0.87 (movie/film, buy/purchase, big/large, sofa/couch),
+# other members of a kind 0.25-0.68 (chicken/salmon, gold/silver, tea/coffee, area/circumference).
+# Some synonyms score lower (fix/repair 0.63) and some contrasts higher (wife/husband 0.87; those are in
+# lexicon.CONTRASTS): a miss costs a recomputation, a false hit a wrong answer.
+SYNONYM_MIN = 0.8
 
 
 class SemanticUnavailable(RuntimeError):
@@ -175,19 +184,33 @@ class SemanticIndex:
                 del self._by_scope[row[0]]
 
     def nearest(self, scope: str, text: str, vector: np.ndarray, exclude: str | None = None) -> str | None:
-        """The most similar key in ``scope`` with similarity >= threshold and equal facts, else None."""
-        keys = [k for k in self._by_scope.get(scope, ()) if k != exclude]
-        if not keys:
+        """The most similar key in ``scope`` with similarity >= threshold, equal facts and no
+        non-synonym substitution, else None. NOTE: may embed (the substituted spans): call it off the
+        event loop; it reads a snapshot of the rows, so the loop may add and remove meanwhile."""
+        found = [
+            (k, row)
+            for k in list(self._by_scope.get(scope, ()))
+            if k != exclude and (row := self._rows.get(k))
+        ]
+        if not found:
             return None
-        matrix = np.stack([self._rows[k][1] for k in keys])
-        sims = matrix @ vector
+        sims = np.stack([row[1] for _, row in found]) @ vector
         want = facts(text)
         for i in np.argsort(-sims):
             if sims[i] < self.threshold:
                 return None
-            if same_facts(self._rows[keys[int(i)]][2], want):
-                return keys[int(i)]
+            key, (_, _, have) = found[int(i)]
+            if same_facts(have, want) and self._synonymous(have, want):
+                return key
         return None
+
+    def _synonymous(self, a: Facts, b: Facts) -> bool:
+        """True unless the messages differ in one short span of content words that are not synonyms."""
+        sub = content_substitution(a.sequence, b.sequence)
+        if sub is None:
+            return True
+        x, y = self.embedder.embed_many(list(sub))
+        return float(x @ y) >= SYNONYM_MIN
 
     def __len__(self) -> int:
         return len(self._rows)
