@@ -420,6 +420,18 @@ ITEMS: list[tuple[str, list[str], list[str]]] = [
 ]
 
 
+KINDS = {
+    "N": "negation",
+    "#": "number",
+    "E": "entity",
+    "U": "unit",
+    "A": "attribute",
+    "T": "temporal",  # another time: yesterday / tomorrow, before / after, this year / last year
+    "C": "comparison",  # another comparison: more / less, cheaper / dearer, the other side of "than"
+    "R": "role",  # the same words in other roles: "A sued B" / "B sued A", "X to Y" / "Y to X"
+}
+
+
 def write_pairs(items: list[tuple[str, list[str], list[str]]], out: Path) -> None:
     """One JSON line per (question, paraphrase or near-miss) pair."""
     rows = []
@@ -428,7 +440,7 @@ def write_pairs(items: list[tuple[str, list[str], list[str]]], out: Path) -> Non
             rows.append({"item": i, "a": question, "b": p, "label": "paraphrase", "kind": "paraphrase"})
         for n in near_misses:
             tag, text = n.split(":", 1)
-            kind = {"N": "negation", "#": "number", "E": "entity", "U": "unit", "A": "attribute"}[tag]
+            kind = KINDS[tag]
             rows.append({"item": i, "a": question, "b": text, "label": "near_miss", "kind": kind})
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} pairs -> {out}")
