@@ -16,11 +16,16 @@ from service.events import Delta, Done
 from service.response_cache.cache import CacheConfig, ResponseCache, Ticket
 from service.response_cache.facts import facts, same_facts
 from service.response_cache.key import ModelIdentity, exact_key, semantic_scope, split_user_message
+from service.response_cache.lexicon import CONTRASTS, FUNCTION_WORDS, norm
 from service.response_cache.relations import (
+    DIRECTIONAL,
+    FILLERS,
     added_qualifier,
     content_substitution,
     directions,
+    ends,
     negated_by_prefix,
+    opposite_ends,
     reversed_direction,
     swapped,
 )
@@ -395,6 +400,10 @@ def test_paraphrases_keep_their_facts(a: str, b: str) -> None:
         ("What is the tallest building in Asia?", "What is the second tallest building in Asia?"),  # ordinal
         ("What is the GDP of Japan?", "What is the GDP per capita of Japan?"),  # added qualifier
         ("Does the store open at 9?", "Does the store close at 9?"),
+        (
+            "How long does shipping take to Canada?",
+            "How long does shipping take from Canada?",
+        ),  # opposite ends
     ],
 )
 def test_near_misses_change_their_facts(a: str, b: str) -> None:
@@ -408,8 +417,12 @@ def _order(text: str) -> tuple[str, ...]:
 
 def test_a_swap_needs_two_spans_exchanged_around_a_non_symmetric_middle() -> None:
     assert swapped(_order("Flights from New York to Boston"), _order("Flights from Boston to New York"))
-    assert not swapped(_order("Compare Python and Java"), _order("Compare Java and Python"))  # "and" is symmetric
-    assert not swapped(_order("Is 97 a prime number?"), _order("Is the number 97 prime?"))  # adjacent: rewording
+    assert not swapped(
+        _order("Compare Python and Java"), _order("Compare Java and Python")
+    )  # "and" is symmetric
+    assert not swapped(
+        _order("Is 97 a prime number?"), _order("Is the number 97 prime?")
+    )  # adjacent: rewording
     assert not swapped(_order("Is 97 prime?"), _order("Is 97 prime?"))
 
 
@@ -418,6 +431,13 @@ def test_directions_relate_the_content_words_around_a_preposition() -> None:
     assert ("pdf", "to", "word") in a
     assert reversed_direction(a, directions(_order("convert Word to PDF")))
     assert not reversed_direction(a, directions(_order("convert PDF to Word please")))
+
+
+def test_opposite_ends_need_the_same_word_as_destination_and_origin() -> None:
+    to_paris = ends(_order("Trains to Paris"))
+    assert opposite_ends(to_paris, ends(_order("Trains from Paris")))
+    assert not opposite_ends(to_paris, ends(_order("Trains from Lyon to Paris")))
+    assert not opposite_ends(ends(_order("from Lyon to Paris")), ends(_order("to Paris from Lyon")))
 
 
 def test_a_negating_prefix_is_found_only_when_the_other_side_lacks_the_prefixed_word() -> None:
@@ -447,3 +467,8 @@ def test_contrast_groups_include_inflected_adjectives_and_synonym_classes() -> N
     )  # superlative
     assert same_facts(facts("Is it a big house?"), facts("Is it a large house?"))  # one class
     assert not same_facts(facts("Is it a bigger house?"), facts("Is it a smaller house?"))
+
+
+def test_word_lists_are_normalised_like_the_messages_words() -> None:
+    lists = FUNCTION_WORDS | FILLERS | set(DIRECTIONAL) | {w for group in CONTRASTS for w in group}
+    assert not {w for w in lists if norm(w) != w}  # e.g. "this" would never match the messages' "thi"

@@ -30,7 +30,9 @@ from service.response_cache.lexicon import (
 from service.response_cache.relations import (
     added_qualifier,
     directions,
+    ends,
     negated_by_prefix,
+    opposite_ends,
     reversed_direction,
     sequence,
     swapped,
@@ -142,7 +144,7 @@ def _contrasting(a: Facts, b: Facts) -> bool:
 def same_facts(a: Facts, b: Facts) -> bool:
     """Equal numbers, negation, units, number-unit pairs and superlatives; each message's names appear
     in the other; the same kind of question (who/when/where/why) when both say; no contrasting words,
-    no word negated by a prefix in the other, no two words or phrases swapped, no reversed direction, no qualifier added."""
+    no word negated by a prefix in the other, no two words or phrases swapped, no reversed direction or opposite ends, no qualifier added."""
     return (
         a.numbers == b.numbers
         and a.negated == b.negated
@@ -156,5 +158,6 @@ def same_facts(a: Facts, b: Facts) -> bool:
         and not negated_by_prefix(a.words, b.words)
         and not swapped(a.sequence, b.sequence)
         and not reversed_direction(a.directions, b.directions)
+        and not opposite_ends(ends(a.sequence), ends(b.sequence))
         and not added_qualifier(a.sequence, b.sequence)
     )

@@ -174,7 +174,7 @@ GROUPS = (
     # time
     "yesterday today tomorrow tonight",
     "past present/current future",
-    "previous/last/prior next/upcoming",
+    "this/current previous/last/prior next/upcoming",
     "hourly daily weekly monthly quarterly yearly/annual/annually",
     "morning afternoon evening night",
     "breakfast lunch dinner",
@@ -280,10 +280,14 @@ NOT_NAMES = _words(
     "i i'm i've i'd us"  # capitalised pronouns are not names
 )
 # Words that carry no content of their own: a rewording may add, drop or change them freely.
-FUNCTION_WORDS = _words(
-    "a an the i me my we us our you your he him his she her it its they them their this that these those "
-    "what which who whom whose when where why how is are was were be been being do does doe did done have has "
-    "had can could should would will shall may might must to of in on at by for with from into about as than "
-    "then so and or but if please exactly actually really just tell know want like get there here some any "
-    "one also ever currently usually generally considered known called named regarded"
+# NOTE: normalised like the messages' words ("this" -> "thi", "does" -> "doe").
+FUNCTION_WORDS = frozenset(
+    norm(w)
+    for w in _words(
+        "a an the i me my we us our you your he him his she her it its they them their this that these those "
+        "what which who whom whose when where why how is are was were be been being do does doe did done have has "
+        "had can could should would will shall may might must to of in on at by for with from into about as than "
+        "then so and or but if please exactly actually really just tell know want like get there here some any "
+        "one also ever currently usually generally considered known called named regarded"
+    )
 )

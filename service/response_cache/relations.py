@@ -7,6 +7,8 @@ Near-misses that keep almost every word and still ask something else:
 - a *reversed direction*: ``X to Y`` in one message and ``Y to X`` in the other, with other words
   changed around it ("from pounds to euros" / "to pounds from euros" is the same; "pounds to euros"
   / "euros to pounds" is not);
+- *opposite ends*: the same word is where something goes in one message and where it comes from in
+  the other ("shipping to Canada" / "shipping from Canada");
 - a *negating prefix*: "safe" / "unsafe", "install" / "uninstall";
 - an *added qualifier*: one message is the other plus a short span with a content word ("GDP" /
   "GDP per capita", "egg" / "duck egg"): it asks a narrower question;
@@ -22,23 +24,37 @@ from service.response_cache.lexicon import FUNCTION_WORDS, NEGATING_PREFIXES, no
 ARTICLES = frozenset(["a", "an", "the"])
 # Words skipped when looking for the words a preposition relates.
 FILLERS = ARTICLES | frozenset(
-    ["my", "your", "his", "her", "its", "our", "their", "this", "that", "these", "those", "some", "any"]
+    norm(w)
+    for w in [
+        "my",
+        "your",
+        "his",
+        "her",
+        "its",
+        "our",
+        "their",
+        "this",
+        "that",
+        "these",
+        "those",
+        "some",
+        "any",
+    ]
 )
 # Prepositions that give an order to the words around them; "into" and "toward(s)" mean "to".
 DIRECTIONAL = {
     "to": "to",
     "into": "to",
-    "toward": "to",
-    "towards": "to",
+    "toward": "to",  # "towards" too, once normalised
     "from": "from",
     "per": "per",
     "over": "over",
     "against": "against",
-    "versus": "vs",
+    "versu": "vs",  # "versus", normalised like the sequences (``lexicon.norm``)
     "vs": "vs",
 }
 # Exchanging the two sides of these changes nothing ("Python and Java" / "Java and Python").
-SYMMETRIC = frozenset({("and",), ("or",), ("&",), ("vs",), ("versus",), ("with",)})
+SYMMETRIC = frozenset({("and",), ("or",), ("vs",), (norm("versus"),), ("with",)})  # normalised like sequences
 SUBSTITUTION_MAX_WORDS = 3
 
 
@@ -104,6 +120,21 @@ def directions(seq: tuple[str, ...]) -> frozenset[tuple[str, str, str]]:
 def reversed_direction(a: frozenset[tuple[str, str, str]], b: frozenset[tuple[str, str, str]]) -> bool:
     """One message relates X to Y, the other Y to X with the same preposition."""
     return any((y, p, x) in b for x, p, y in a)
+
+
+def ends(seq: tuple[str, ...]) -> frozenset[tuple[str, str]]:
+    """("to", w) for the word after to/into/toward(s), ("from", w) for the word after from."""
+    out = set()
+    for i, word in enumerate(seq):
+        if DIRECTIONAL.get(word) in ("to", "from") and (right := _content(seq, i + 1, 1)):
+            out.add((DIRECTIONAL[word], right))
+    return frozenset(out)
+
+
+def opposite_ends(a: frozenset[tuple[str, str]], b: frozenset[tuple[str, str]]) -> bool:
+    """A word is a destination in one message and an origin in the other, and not both in either."""
+    flip = {"to": "from", "from": "to"}
+    return any((flip[p], w) in b and (p, w) not in b and (flip[p], w) not in a for p, w in a)
 
 
 def negated_by_prefix(a: frozenset[str], b: frozenset[str]) -> bool:
