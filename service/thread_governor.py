@@ -93,7 +93,7 @@ class ThreadGovernor:
         self._interval = config.min_interval_s
         self._next_probe = now + config.min_interval_s
         self._probe: _Probe | None = None
-        self._recent: deque[int] = deque(maxlen=32)  # buckets of the last steps
+        self._recent: deque[tuple[int, float]] = deque(maxlen=32)  # (bucket, when) of the last steps
         self._step_s: float | None = None  # EWMA of all step times
         self._slow = False  # full-thread steps well above their uncontended level
         self._outside: bool | None = None  # the last outside contention signal (None: none yet)
@@ -120,8 +120,8 @@ class ThreadGovernor:
             self._slow = slow
             if self._collapsed(b, seconds):
                 return self._drop(now)
-        self._recent.append(b)
-        if now >= self._next_probe and self._steady(b) and not self._quiet():
+        self._recent.append((b, now))
+        if now >= self._next_probe and self._steady(b, now) and not self._quiet():
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
             self._probe = _Probe(other, started=now)
             return Change(other, False, "probe")
@@ -148,10 +148,15 @@ class ThreadGovernor:
         """
         return self.chosen == self.config.full and self._outside is False
 
-    def _steady(self, b: int) -> bool:
-        """Start a probe only on the most common kind of step, with a few recent ones as reference
-        (the probe's steps are then mostly of that kind and comparable)."""
-        common = Counter(self._recent).most_common(1)[0][0]
+    def _steady(self, b: int, now: float) -> bool:
+        """Start a probe only on the most common kind of recent step, with a few recent ones as
+        reference (the probe's steps are then mostly of that kind and comparable).
+
+        NOTE: "recent" is by time too: after an idle gap the steps before it describe
+        another load and must not hold the probe back until 32 new steps have passed.
+        """
+        recent = [rb for rb, t in self._recent if now - t <= self._fresh_s()]
+        common = Counter(recent).most_common(1)[0][0]
         return b == common and self._ewma[(self.chosen, b)][2] >= self.config.settle_steps
 
     def _fresh_s(self) -> float:

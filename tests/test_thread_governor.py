@@ -400,3 +400,19 @@ def test_a_neighbour_sample_spanning_an_idle_gap_is_discarded(tmp_path: Path) ->
     own[0] = 1.45
     assert sig.poll(11.0) is None  # not yet due (polls once per poll_s)
     assert sig.poll(11.25) is True
+
+
+def test_after_an_idle_gap_a_new_kind_of_step_probes_back_up_within_two_seconds() -> None:
+    """Busy at 4 rows on 1 thread, idle 12 s, then quiet at 16 rows: the old steps must not hold the probe."""
+    g = governor()
+    sim = Sim(g, n_tokens=4)
+    g.signal(True, sim.now)
+    sim.run(30, BUSY)
+    assert g.chosen == 1
+    sim.now += 12.0  # idle: another server's window
+    sim.n_tokens = 16
+    start = sim.now
+    g.signal(False, sim.now)
+    sim.run(10, {2: 0.110, 1: 0.170})
+    back = [t for t, n, switch in sim.changes if switch and n == 2 and t > start]
+    assert back and back[0] - start < 2.0
