@@ -17,9 +17,12 @@ paraphrases, false-hit rate on near-misses, 95% intervals (Wilson;
 Clopper-Pearson too when SciPy is installed), per kind and over a threshold
 sweep. Sets: ``tuning`` (semantic_pairs.jsonl, the guard's rules were written
 looking at it), ``heldout`` (semantic_heldout.jsonl; its two false hits were
-looked at when the guard's second round of rules was written) and ``heldout2``
-(semantic_heldout2.jsonl, written and committed before it was evaluated); the
-pooled held-out figure sums heldout and heldout2.
+looked at when the guard's second round of rules was written), ``heldout2``
+(semantic_heldout2.jsonl, written and committed before it was evaluated; its one
+false hit of that evaluation was then fixed, so it is no longer blind) and
+``heldout3`` (semantic_heldout3.jsonl, written blind and committed before its
+single evaluation at git 793ad4a: the blind figure); the pooled held-out figure
+sums heldout, heldout2 and heldout3.
 
 ``BENCH_K_PARTS=semantic`` runs the semantic half only (about a minute, no
 server) and keeps the exact half of the previous result file, marked with the
@@ -55,8 +58,9 @@ SETS = {  # name -> file; see the module docstring for what each one may claim
     "tuning": PAIRS,
     "heldout": DATA / "semantic_heldout.jsonl",
     "heldout2": DATA / "semantic_heldout2.jsonl",
+    "heldout3": DATA / "semantic_heldout3.jsonl",  # the blind one: evaluated once, guard unchanged after
 }
-POOLED = ("heldout", "heldout2")
+POOLED = ("heldout", "heldout2", "heldout3")
 SWEEP = (0.85, 0.88, 0.9, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97)
 
 
