@@ -58,6 +58,10 @@ def test_stop_string_inside_accepted_drafts_ends_the_output_there(spec: RunningS
 
 
 def test_sampled_requests_speculate_within_max_tokens(spec: RunningServer, channel: grpc.Channel) -> None:
+    # NOTE: a warm-up first, so both measured runs start from the same prefix-cache state (the
+    # prompt cached); once, in a full-suite run on a loaded machine, the two runs differed from the
+    # first token without it (not reproduced alone; cause not established).
+    _run(spec, channel, True, "s0", max_tokens=1, temperature=0.7, seed=5)
     before = spec.engine.speculator.snapshot()
     res = _run(spec, channel, True, "s", max_tokens=37, temperature=0.7, seed=5, ignore_eos=True)
     after = spec.engine.speculator.snapshot()
