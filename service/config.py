@@ -135,8 +135,8 @@ HELP = {
     "response_cache_max_ttl_s": "longest time an answer stays cached (also the default TTL)",
     "semantic_cache": "allow requests with semantic_cache=true to reuse answers to similar final user messages "
     "(needs `make semantic`)",
-    "semantic_cache_threshold": "cosine similarity a semantic hit needs (numbers, negations, units and names "
-    "must also match)",
+    "semantic_cache_threshold": "cosine similarity a semantic hit needs (the fact guard must also pass: "
+    "numbers, negations, units, names, word order and contrast words; see docs/response-cache.md)",
     "batch_db": "SQLite file of the batch jobs (BatchService; created with its directory; :memory: = "
     "not durable)",
     "batch_retention_hours": "finished batch jobs and their results are deleted this long after they end",
