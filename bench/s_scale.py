@@ -114,17 +114,19 @@ class _InFlightSampler:
         self._stop.set()
         self._thread.join(10)
 
-    def balance(self, replicas: int = REPLICAS) -> dict[str, Any]:
-        if not self.samples:
-            return {"samples": 0}
-        n = len(self.samples)
-        means = [sum(s[r] for s in self.samples) / n for r in range(replicas)]
-        mean = sum(means) / len(means)
-        return {
-            "samples": n,
-            "mean_in_flight_per_replica": [round(m, 2) for m in means],
-            "max_over_mean": ratio(max(means), mean),
-        }
+
+def _balance(samples: list[list[int]]) -> dict[str, Any]:
+    """Time-averaged in-flight per replica over ``samples`` (one list per poll) and max / mean."""
+    if not samples:
+        return {"samples": 0}
+    n = len(samples)
+    means = [sum(s[r] for s in samples) / n for r in range(REPLICAS)]
+    mean = sum(means) / len(means)
+    return {
+        "samples": n,
+        "mean_in_flight_per_replica": [round(m, 2) for m in means],
+        "max_over_mean": ratio(max(means), mean),
+    }
 
 
 def _kv(monitors: list[InferenceClient]) -> list[tuple[int, int, int]]:
@@ -174,8 +176,6 @@ def _pooled(mode: str, epsilon: float, runs: list[dict]) -> dict:
     hits = [sum(r["hits"][i] for r in runs) for i in range(REPLICAS)]
     prompts = [sum(r["prompts"][i] for r in runs) for i in range(REPLICAS)]
     errors = [e for r in runs for e in r["errors"]]
-    sampler = _InFlightSampler([])
-    sampler.samples = [s for r in runs for s in r["in_flight_samples"]]
     return {
         "balancing": mode,
         "epsilon": epsilon if mode == "prefix_affinity" else None,
@@ -191,7 +191,7 @@ def _pooled(mode: str, epsilon: float, runs: list[dict]) -> dict:
         ],
         "prefix_hit_rate_per_replica": [h / p if p else None for h, p in zip(hits, prompts, strict=True)],
         "ttft": latency_summary([t for r in runs for t in r["ttfts_ms"]]),
-        "in_flight": sampler.balance(REPLICAS),
+        "in_flight": _balance([s for r in runs for s in r["in_flight_samples"]]),
     }
 
 
