@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,3 +140,29 @@ def preempt_reject_cancel(ch: grpc.Channel) -> dict[str, pb.GenerateResponse]:
     stream.join()
     return finals
 
+
+def assert_loads_stay_bounded(
+    pick: Callable[[bytes, Mapping[str, int]], str],
+    keys: Sequence[bytes],
+    backends: Sequence[str],
+    epsilon: float,
+    seed: int,
+) -> None:
+    """3,000 random arrivals (on ``keys``) and departures: no backend ever holds more than
+    ``ceil((1 + epsilon) * (total + 1) / n)``, the bounded-load ring's capacity."""
+    import math
+    import random
+    from collections import Counter
+
+    rng = random.Random(seed)
+    loads: Counter[str] = Counter()
+    placed: list[str] = []
+    for _ in range(3000):
+        if placed and rng.random() < 0.45:
+            loads[placed.pop(rng.randrange(len(placed)))] -= 1
+            continue
+        cap = math.ceil((1 + epsilon) * (sum(loads.values()) + 1) / len(backends))
+        backend = pick(keys[rng.randrange(len(keys))], loads)
+        loads[backend] += 1
+        placed.append(backend)
+        assert loads[backend] <= cap

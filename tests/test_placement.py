@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter
 
 import pytest
 from inference_client.placement import HomeTable
 from inference_client.ring import HashRing
+
+from tests.helpers import assert_loads_stay_bounded
 
 BACKENDS = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
 
@@ -68,20 +69,10 @@ def test_requests_go_home_until_it_is_over_the_bound_then_to_the_other_choice() 
 
 @pytest.mark.parametrize("epsilon", [0.1, 0.25, 0.5])
 def test_bounded_loads_never_exceed_the_capacity(epsilon: float) -> None:
-    rng = random.Random(11)
     ring, table = HashRing(BACKENDS, epsilon=epsilon), HomeTable()
-    keys = _keys(3, 5)
-    loads: Counter[str] = Counter()
-    placed: list[str] = []
-    for _ in range(3000):
-        if placed and rng.random() < 0.45:
-            loads[placed.pop(rng.randrange(len(placed)))] -= 1
-            continue
-        cap = math.ceil((1 + epsilon) * (sum(loads.values()) + 1) / len(BACKENDS))
-        backend = table.pick(ring, keys[rng.randrange(len(keys))], loads)
-        loads[backend] += 1
-        placed.append(backend)
-        assert loads[backend] <= cap
+    assert_loads_stay_bounded(
+        lambda key, loads: table.pick(ring, key, loads), _keys(3, 5), BACKENDS, epsilon, 11
+    )
 
 
 def test_removing_a_backend_moves_only_the_keys_homed_there() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import random
 from collections import Counter
 
 import pytest
 from inference_client.balancing import balanced_options, balancing_mode, resolve_backends
 from inference_client.ring import HashRing, prefix_key
+
+from tests.helpers import assert_loads_stay_bounded
 
 BACKENDS = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
 KEYS = [f"system prompt {i}".encode() for i in range(600)]
@@ -49,20 +49,9 @@ def test_adding_a_backend_moves_keys_only_to_it() -> None:
 @pytest.mark.parametrize("epsilon", [0.1, 0.25, 0.5, 1.0])
 def test_bounded_loads_never_exceed_the_capacity(epsilon: float) -> None:
     """Random arrivals and departures, all on a few hot keys: no backend exceeds ceil((1+eps) * mean)."""
-    rng = random.Random(7)
     ring = HashRing(BACKENDS, epsilon=epsilon)
-    loads: Counter[str] = Counter()
-    placed: list[str] = []
-    for _ in range(3000):
-        if placed and rng.random() < 0.45:
-            loads[placed.pop(rng.randrange(len(placed)))] -= 1
-            continue
-        key = KEYS[rng.randrange(3)]  # hot keys: the unbounded ring would put all on <= 3 backends
-        cap = math.ceil((1 + epsilon) * (sum(loads.values()) + 1) / len(BACKENDS))
-        backend = ring.pick(key, loads)
-        loads[backend] += 1
-        placed.append(backend)
-        assert loads[backend] <= cap
+    # hot keys: the unbounded ring would put all on <= 3 backends
+    assert_loads_stay_bounded(ring.pick, KEYS[:3], BACKENDS, epsilon, 7)
 
 
 def test_a_key_keeps_its_backend_while_under_the_bound() -> None:

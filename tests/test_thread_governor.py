@@ -203,28 +203,38 @@ def test_adaptive_threads_applies_changes_counts_switches_and_marks_running_span
     assert seq.trace.events == [("threads_changed", {"inference.threads": 1})]
 
 
+class FakeStat:
+    """A ``/proc/stat`` stand-in plus this process's CPU seconds, read by a ``ContentionSignal``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path, self.own = tmp_path / "stat", 0.0
+        self.write(0)
+
+    def write(self, busy_jiffies: int) -> None:  # user nice system idle iowait irq softirq steal
+        self.path.write_text(f"cpu  {busy_jiffies} 0 0 5000 0 0 0 0 0 0\ncpu0 1 2 3\n")
+
+    def signal(self) -> ContentionSignal:
+        sig = ContentionSignal(None, None, proc_stat=self.path, poll_s=1.0, own_cpu=lambda: self.own)
+        if sig.proc_stat is None:
+            pytest.skip("this process may not use every CPU (affinity)")
+        return sig
+
+
 def test_neighbour_cpu_is_the_machine_busy_time_minus_our_own(tmp_path: Path) -> None:
-    stat, own = tmp_path / "stat", [0.0]
-
-    def write(busy_jiffies: int) -> None:  # user nice system idle iowait irq softirq steal
-        stat.write_text(f"cpu  {busy_jiffies} 0 0 5000 0 0 0 0 0 0\ncpu0 1 2 3\n")
-
-    write(0)
-    sig = ContentionSignal(None, None, proc_stat=stat, poll_s=1.0, own_cpu=lambda: own[0])
-    if sig.proc_stat is None:
-        pytest.skip("this process may not use every CPU (affinity)")
+    fake = FakeStat(tmp_path)
+    sig = fake.signal()
     assert sig.poll(0.0) is False
-    write(190)  # 1.9 CPU-seconds busy in 1 s, 1.8 of them ours: neighbours 0.1 cores
-    own[0] = 1.8
+    fake.write(190)  # 1.9 CPU-seconds busy in 1 s, 1.8 of them ours: neighbours 0.1 cores
+    fake.own = 1.8
     assert sig.poll(1.0) is False and sig.last_neighbour_cores == pytest.approx(0.1)
-    write(390)  # 2.0 busy, 1.0 ours: a neighbour takes a whole core
-    own[0] = 2.8
+    fake.write(390)  # 2.0 busy, 1.0 ours: a neighbour takes a whole core
+    fake.own = 2.8
     assert sig.poll(2.0) is True and sig.last_neighbour_cores == pytest.approx(1.0)
-    write(560)  # 1.7 busy, 1.4 ours: 0.3 cores, between off (0.25) and on (0.5): still contended
-    own[0] = 4.2
+    fake.write(560)  # 1.7 busy, 1.4 ours: 0.3 cores, between off (0.25) and on (0.5): still contended
+    fake.own = 4.2
     assert sig.poll(3.0) is True
-    write(760)  # 2.0 busy, 1.9 ours: quiet again
-    own[0] = 6.1
+    fake.write(760)  # 2.0 busy, 1.9 ours: quiet again
+    fake.own = 6.1
     assert sig.poll(4.0) is False
     assert parse_busy_seconds("cpu  100 0 50 999 7 0 0 50 0 0\n") == 2.0
     assert parse_busy_seconds("intr 5\n") is None
@@ -381,23 +391,16 @@ def test_a_full_thread_collapse_drops_even_when_the_signal_says_quiet() -> None:
 
 def test_a_neighbour_sample_spanning_an_idle_gap_is_discarded(tmp_path: Path) -> None:
     """Other processes' CPU while we had no steps says nothing about the load we run beside now."""
-    stat, own = tmp_path / "stat", [0.0]
-
-    def write(busy_jiffies: int) -> None:
-        stat.write_text(f"cpu  {busy_jiffies} 0 0 5000 0 0 0 0 0 0\n")
-
-    write(0)
-    sig = ContentionSignal(None, None, proc_stat=stat, poll_s=1.0, own_cpu=lambda: own[0])
-    if sig.proc_stat is None:
-        pytest.skip("this process may not use every CPU (affinity)")
+    fake = FakeStat(tmp_path)
+    sig = fake.signal()
     assert sig.poll(0.0) is False
-    write(2000)  # 20 busy CPU-seconds over the next 10 s, none ours: another server's busy window
+    fake.write(2000)  # 20 busy CPU-seconds over the next 10 s, none ours: another server's busy window
     assert sig.poll(10.0) is False and sig.last_neighbour_cores is None
-    write(2047)  # then 0.47 busy in 0.25 s (the quick re-sample), 0.45 ours: 0.08 cores, quiet
-    own[0] = 0.45
+    fake.write(2047)  # then 0.47 busy in 0.25 s (the quick re-sample), 0.45 ours: 0.08 cores, quiet
+    fake.own = 0.45
     assert sig.poll(10.25) is False and sig.last_neighbour_cores == pytest.approx(0.08)
-    write(2247)  # 2.0 busy in 1 s, 1.0 ours: a neighbour now, measured over a fresh second
-    own[0] = 1.45
+    fake.write(2247)  # 2.0 busy in 1 s, 1.0 ours: a neighbour now, measured over a fresh second
+    fake.own = 1.45
     assert sig.poll(11.0) is None  # not yet due (polls once per poll_s)
     assert sig.poll(11.25) is True
 
