@@ -33,38 +33,38 @@ def _run(server: RunningServer, channel: grpc.Channel, enabled: bool, rid: str, 
     return run_stream(channel, [req(rid, PROMPT, **kw)])[rid]  # type: ignore[arg-type]
 
 
+def _run_plain_recorded(server: RunningServer, channel: grpc.Channel, rid: str, **kw: object):  # type: ignore[no-untyped-def]
+    """A run without speculation, with each sampled row's best logits recorded (near-tie reference)."""
+    rec = MarginRecorder()
+    server.engine.logits_hook = rec
+    try:
+        return _run(server, channel, False, rid, **kw), rec.rows[rid]
+    finally:
+        server.engine.logits_hook = None
+
+
 def test_greedy_output_is_the_same_with_and_without_speculation(
     spec: RunningServer, channel: grpc.Channel
 ) -> None:
-    rec = MarginRecorder()
-    spec.engine.logits_hook = rec
-    try:
-        plain = _run(spec, channel, False, "plain", max_tokens=48, ignore_eos=True)
-    finally:
-        spec.engine.logits_hook = None
+    plain, rows = _run_plain_recorded(spec, channel, "plain", max_tokens=48, ignore_eos=True)
     before = spec.engine.speculator.snapshot()
     fast = _run(spec, channel, True, "fast", max_tokens=48, ignore_eos=True)
     after = spec.engine.speculator.snapshot()
     assert after.accepted - before.accepted > 0, "the copy task should accept drafts"
     assert len(fast.token_ids) == len(plain.token_ids) == 48 == fast.done.usage.completion_tokens
-    assert_same_greedy(plain.token_ids, fast.token_ids, rec.rows["plain"])
+    assert_same_greedy(plain.token_ids, fast.token_ids, rows)
     assert_kv_clean(spec)
 
 
 def test_stop_string_inside_accepted_drafts_ends_the_output_there(
     spec: RunningServer, channel: grpc.Channel
 ) -> None:
-    rec = MarginRecorder()
-    spec.engine.logits_hook = rec
-    try:
-        plain = _run(spec, channel, False, "p", max_tokens=60, stop=["Portsmouth"])
-    finally:
-        spec.engine.logits_hook = None
+    plain, rows = _run_plain_recorded(spec, channel, "p", max_tokens=60, stop=["Portsmouth"])
     fast = _run(spec, channel, True, "f", max_tokens=60, stop=["Portsmouth"])
     assert "Portsmouth" not in fast.text and "Portsmouth" not in plain.text
     n = min(len(plain.token_ids), len(fast.token_ids))
     if plain.token_ids[:n] != fast.token_ids[:n]:  # a near-tie flip (KV placement): allowed there only
-        assert_same_greedy(plain.token_ids[:n], fast.token_ids[:n], rec.rows["p"])
+        assert_same_greedy(plain.token_ids[:n], fast.token_ids[:n], rows)
     else:
         assert fast.text == plain.text and fast.done.finish_reason == plain.done.finish_reason
     assert_kv_clean(spec)
