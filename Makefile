@@ -17,7 +17,7 @@ help:
 	@echo "make test    - set up and run the test suite"
 	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
 	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
-	@echo "make lint    - ruff, mypy and buf lint"
+	@echo "make lint    - ruff, mypy, import-linter (the dependency rule) and buf lint"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"
 	@echo "make semantic - install the optional semantic response cache (requirements-semantic.txt)"
 
@@ -73,6 +73,7 @@ unit: setup
 lint: setup
 	$(VENV)/bin/ruff check service clients/python/inference_client tests bench scripts
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	bash scripts/buf.sh lint
 
 # The bench environment adds llama-cpp-python's own server (the peer we compare against).

@@ -97,9 +97,9 @@ def hook_cost_us(n: int = 2000) -> float:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from service.events import Done
-    from service.sequence import FinishReason, SamplingParams, Sequence
-    from service.telemetry import OTelTelemetry
+    from service.observability.telemetry import OTelTelemetry
+    from service.request.events import Done
+    from service.request.sequence import FinishReason, SamplingParams, Sequence
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from service.runner import ModelRunner
+from service.model.runner import ModelRunner
 
 
 def measure(runner: ModelRunner, prompts: list[list[int]], steps: int) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     biggest = max(batches)
     if len(texts) < biggest:
         sys.exit(f"need {biggest} prompts, got {len(texts)}")
-    runner = ModelRunner(args.model, n_ctx=8192, n_batch=512, n_lanes=biggest + 1, n_threads=args.threads)
+    runner = ModelRunner(args.model, n_ctx=8192, step_tokens=512, n_lanes=biggest + 1, n_threads=args.threads)
     ids = [runner.vocab.tokenize(t) for t in texts]
     need = max(map(len, ids[:biggest])) + args.steps
     if biggest * need > runner.n_ctx:

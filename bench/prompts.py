@@ -31,7 +31,7 @@ WORDS = tuple(_WORD_TEXT.split())
 
 @lru_cache(maxsize=2)
 def _vocab(model: str) -> object:
-    from service.runner import Vocab
+    from service.model.runner import Vocab
 
     return Vocab.load(model)
 

@@ -8,7 +8,7 @@ streams ask for more than its fair half of the 3 slots, so B stays backlogged.
 (With 4 slots B's fair half is exactly its 2 streams; each time one of its
 requests ends, the slot goes to A before B's next request arrives, and B waits
 for the next free slot: measured 42.5% for B.) Also
-``--aging-s 3600`` (no interactive work here; see ``service/fair_share.py``). Runs
+``--aging-s 3600`` (no interactive work here; see ``service/scheduler/fair_share.py``). Runs
 with fair share on (the virtual token counter) and off (FCFS within the tier).
 Both tenants have requests outstanding the whole window (closed loop), so the
 window is one backlogged period: reported are each tenant's token share, Jain's

@@ -27,7 +27,7 @@ def rss_anon_kib() -> int:
 
 def main(n: int) -> None:
     from service import json_grammar as jg
-    from service.runner import Vocab
+    from service.model.runner import Vocab
 
     vocab = Vocab.load(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     compiler = jg.GrammarCompiler(vocab.ll_tokenizer(), cache_size=n + 10, cache_bytes=1 << 40)

@@ -11,9 +11,9 @@ import sys
 from opentelemetry import trace
 
 from service.config import ServerConfig, load_config
-from service.runner import ModelLoadError
+from service.model.runner import ModelLoadError
+from service.security.tenants import TenantFileError
 from service.server import InferenceServer
-from service.tenants import TenantFileError
 
 log = logging.getLogger("service")
 
@@ -85,7 +85,7 @@ async def serve(config: ServerConfig) -> int:
     in-flight requests get ``config.grace_seconds`` to finish, the rest end
     with an UNAVAILABLE error event; then the server, engine and exporters stop.
     """
-    from service.telemetry_setup import make_telemetry
+    from service.observability.setup import make_telemetry
 
     try:
         telemetry = make_telemetry(config)

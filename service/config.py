@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from service.cpu_quota import default_threads
+from service.threads.cpu_quota import default_threads
 
 DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENV_PREFIX = "INFERENCE_"

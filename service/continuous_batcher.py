@@ -17,25 +17,26 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from service.events import Done, Error, take_output
-from service.intake import RetryHints
-from service.metrics import EngineMetrics
-from service.model_step import LogitsHook, ModelStep
+from service.engine.model_step import LogitsHook, MaskFiller, ModelStep
+from service.engine.speculator import SpecConfig, Speculator
+from service.engine.token_appender import TokenAppender
+from service.engine.watchdog import Watchdog
+from service.model.runner import ModelRunner
+from service.observability.engine_metrics import EngineMetrics
+from service.observability.telemetry import Telemetry
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
-from service.runner import ModelRunner
-from service.scheduler import Plan, Scheduler
-from service.sequence import FinishReason, Priority, Sequence
-from service.speculator import SpecConfig, Speculator
-from service.telemetry import Telemetry
-from service.tokens import TokenAppender
-from service.watchdog import Watchdog
+from service.request.events import Done, Error, take_output
+from service.request.sequence import FinishReason, Priority, Sequence
+from service.scheduler.admission import RetryHints
+from service.scheduler.plan import Plan
+from service.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("service.engine")
 
@@ -48,10 +49,18 @@ class EngineFailed(Draining):
     """The engine thread died or stalled; nothing more is accepted (UNAVAILABLE to clients)."""
 
 
+class ThreadControl(Protocol):
+    """Adjusts the decode's thread count between steps (``service.threads.adaptive.AdaptiveThreads``)."""
+
+    def after_step(self, n_tokens: int, seconds: float, running: Iterable[Sequence] = ()) -> None:
+        """One finished step of ``n_tokens`` took ``seconds``; may change threads before the next."""
+        ...
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_running: int = 16
-    token_budget: int = 128
+    step_tokens: int = 128
     batch_prefill_budget: int = 64
     queue_limits: tuple[int, int] = (256, 1024)  # interactive, batch
     step_timeout_s: float = 60.0  # a step longer than this fails the engine (0 = no watchdog)
@@ -68,7 +77,7 @@ class Engine:
         policy: QueuePolicy,
         config: EngineConfig,
         metrics: EngineMetrics | None = None,
-        mask_batch: Any = None,
+        mask_batch: MaskFiller | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.runner = runner
@@ -83,7 +92,7 @@ class Engine:
             kv,
             policy,
             max_running=config.max_running,
-            token_budget=config.token_budget,
+            step_tokens=config.step_tokens,
             append_token=self._appender,
             batch_prefill_budget=config.batch_prefill_budget,
             mixed_step_tokens=runner.mixed_batch_max,
@@ -107,7 +116,7 @@ class Engine:
         self._cancel_message = "cancelled"
         self._current: Plan | None = None  # the plan of the step in progress
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
-        self.thread_control: Any = None  # adaptive_threads.AdaptiveThreads: after_step() once per step
+        self.thread_control: ThreadControl | None = None  # threads.adaptive.AdaptiveThreads
 
     @property
     def telemetry(self) -> Telemetry:
@@ -119,12 +128,12 @@ class Engine:
         self.model.telemetry = value
 
     @property
-    def mask_batch(self) -> Any:
-        """json_grammar.MaskBatch for constrained rows, or None (the server sets it)."""
+    def mask_batch(self) -> MaskFiller | None:
+        """grammar.mask.MaskBatch for constrained rows, or None (the server sets it)."""
         return self.model.mask_batch
 
     @mask_batch.setter
-    def mask_batch(self, value: Any) -> None:
+    def mask_batch(self, value: MaskFiller | None) -> None:
         self.model.mask_batch = value
 
     @property
@@ -282,27 +291,25 @@ class Engine:
         events: list[tuple[Sequence, Any]] = []
         for s in self.scheduler.waiting + self.scheduler.running:
             self.scheduler.abort(s)
-            self._left_queue(s)
-            self.metrics.on_finish(s)
-            events.append((s, Error("UNAVAILABLE", self._cancel_message)))
+            events.append(self._ended(s, "UNAVAILABLE", self._cancel_message))
         self._dispatch(events)
 
     def _left_queue(self, seq: Sequence) -> bool:
         return self.admission.leave(seq)
 
+    def _ended(self, seq: Sequence, status: str, message: str) -> tuple[Sequence, Error]:
+        """The one way the engine ends a request it removed with an error: counted, then its event."""
+        self._left_queue(seq)
+        self.metrics.on_finish(seq)
+        return seq, Error(status, message)
+
     def step(self) -> None:
         """(propose) -> plan -> forward -> mask -> sample -> (verify) -> update -> emit."""
         self.speculator.propose(self.scheduler)
         plan = self.scheduler.schedule()
-        events: list[tuple[Sequence, Any]] = []
-        for seq in plan.expired:
-            self._left_queue(seq)
-            self.metrics.on_finish(seq)
-            events.append((seq, Error("DEADLINE_EXCEEDED", "deadline expired while the request was queued")))
-        for seq in plan.failed:
-            self._left_queue(seq)
-            self.metrics.on_finish(seq)
-            events.append((seq, Error(seq.error_status, seq.error or "request cannot run")))
+        expired = "deadline expired while the request was queued"
+        events: list[tuple[Sequence, Any]] = [self._ended(s, "DEADLINE_EXCEEDED", expired) for s in plan.expired]
+        events += [self._ended(s, s.error_status, s.error or "request cannot run") for s in plan.failed]
         if not plan.items:
             self.runner.apply_kv_ops(plan.kv_ops)
             self._dispatch(events)
@@ -388,9 +395,7 @@ class Engine:
         for seq in seqs:
             seq.error = message
             self.scheduler.fail(seq)
-            self._left_queue(seq)
-            self.metrics.on_finish(seq)
-            events.append((seq, Error("INTERNAL", message)))
+            events.append(self._ended(seq, "INTERNAL", message))
         self._dispatch(events)
 
     def fail(self, cause: str) -> None:

@@ -7,7 +7,7 @@ features approximated by ``grammar_schema.relax`` and restored by the final
 ``gbnf_to_lark``; llama.cpp's own grammar sampler is never used).
 
 Threads: ``GrammarCompiler.compile`` is called from worker threads;
-``GrammarMatcher`` and ``MaskBatch`` (service/grammar_mask.py, re-exported
+``GrammarMatcher`` and ``MaskBatch`` (service/grammar/mask.py, re-exported
 here) belong to the engine thread.
 """
 
@@ -24,9 +24,9 @@ import llguidance as llg
 import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from service import grammar_schema as gs
-from service.grammar_cache import GrammarCache
-from service.grammar_mask import MaskBatch
+from service.grammar import schema as gs
+from service.grammar.cache import GrammarCache
+from service.grammar.mask import MaskBatch
 
 __all__ = [
     "CompiledGrammar",

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from service.sequence import Sequence
+from service.request.sequence import Sequence
 
 
 @dataclass(frozen=True)

@@ -7,17 +7,25 @@ Two implementations behind one interface, selected by ``--scheduling``:
 * ``PriorityPolicy``: interactive before batch, FCFS within a tier. A batch
   request that has waited longer than ``aging_s`` is treated as interactive, so
   batch work never starves (it keeps that rank while it runs). Interactive work may preempt batch work (never the
-  reverse); the victim is the batch sequence cheapest to resume. With a ``FairShare``
-  (tenants configured), tenants take turns inside each tier (``service.fair_share``).
+  reverse); the victim is the batch sequence cheapest to resume. With a tenant order
+  (``FairShare``, when tenants are configured), tenants take turns inside each tier (``service.scheduler.fair_share``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
 
-from service.fair_share import FairShare
-from service.sequence import Priority, Sequence
+from service.request.sequence import Priority, Sequence
+
+
+class TenantOrder(Protocol):
+    """Orders waiting sequences between tenants inside groups (``service.scheduler.fair_share.FairShare``)."""
+
+    def order(self, waiting: list[Sequence], group: Callable[[Sequence], Hashable]) -> list[Sequence]:
+        """``waiting`` in service order: by ``group(seq)`` ascending, tenants taking turns inside a group."""
+        ...
 
 
 class QueuePolicy:
@@ -69,7 +77,7 @@ class PriorityPolicy(QueuePolicy):
     name = "priority"
     isolate_first_tokens = True
 
-    def __init__(self, aging_s: float = 30.0, fair: FairShare | None = None) -> None:
+    def __init__(self, aging_s: float = 30.0, fair: TenantOrder | None = None) -> None:
         self.aging_s = aging_s
         self.fair = fair  # fair share between tenants within each tier (None: FCFS within a tier)
 
@@ -102,7 +110,7 @@ class PriorityPolicy(QueuePolicy):
 class QueueFull(Exception):
     """The tier's queue limit is reached; ``retry_after_ms`` is a hint for the client."""
 
-    quota = ""  # set by service.quotas.QuotaExceeded: the tenant quota that refused the request
+    quota = ""  # set by service.security.quotas.QuotaExceeded: the tenant quota that refused the request
 
     def __init__(self, priority: Priority, limit: int, retry_after_ms: int) -> None:
         super().__init__(
@@ -147,7 +155,7 @@ class AdmissionControl:
         return self._queued[priority]
 
 
-def make_policy(name: str, aging_s: float = 30.0, fair: FairShare | None = None) -> QueuePolicy:
+def make_policy(name: str, aging_s: float = 30.0, fair: TenantOrder | None = None) -> QueuePolicy:
     """The ``--scheduling`` policy; ``fair`` (priority only) shares each tier between tenants."""
     if name == "fcfs":
         return FCFSPolicy()

@@ -21,68 +21,29 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from inference.v1 import inference_pb2 as pb
 
-from service.adaptive_threads import AdaptiveThreads
+from service.api.cache_front import CacheFront
+from service.api.grammar_service import GrammarService
+from service.api.grpc_options import server_options
+from service.api.intake import Intake
+from service.api.request_builder import PromptLimits, RequestBuilder
+from service.api.tolerant_decoding import add_servicer
+from service.assembly import batch_config, build_engine, cache_config, stream_limits
 from service.batch.service import BATCH_SERVICE_NAME, BatchService
-from service.batch_rows import BatchRowCap
-from service.chat import ChatTemplate, ChatTemplateError
 from service.config import ServerConfig
-from service.continuous_batcher import Engine, EngineConfig
-from service.fair_share import FairShare
-from service.generate_stream import StreamLimits
-from service.grammar_service import GrammarService
-from service.grpc_options import server_options
-from service.metrics import EngineMetrics
-from service.paged_kv import KVBlockManager
-from service.priority import make_policy
-from service.requests import PromptLimits, RequestBuilder
-from service.response_cache import CacheFront, bind_model, build_cache
-from service.runner import ModelLoadError, ModelRunner
-from service.sequence import Priority
+from service.continuous_batcher import Engine
+from service.model.chat import ChatTemplate, ChatTemplateError
+from service.model.runner import ModelLoadError
+from service.observability.telemetry import Telemetry
+from service.request.sequence import Priority
+from service.response_cache import bind_model, build_cache
+from service.security.tenancy import Tenancy
+from service.security.tls import CertificateFiles, server_credentials
 from service.servicer import InferenceServicer
-from service.speculator import SpecConfig
-from service.telemetry import Telemetry
-from service.tenancy import Tenancy
-from service.tls import CertificateFiles, server_credentials
-from service.wire import add_servicer
 
 log = logging.getLogger("service.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def build_engine(
-    config: ServerConfig, metrics: EngineMetrics | None = None, fair: FairShare | None = None
-) -> Engine:
-    """Load the model and build the engine (not started); ``fair`` shares tiers between tenants."""
-    runner = ModelRunner(
-        config.model,
-        n_ctx=config.ctx,
-        n_batch=config.step_tokens,
-        n_lanes=config.kv_lanes,
-        n_threads=config.threads,
-    )
-    kv = KVBlockManager(
-        runner.n_ctx // config.block_size,
-        config.block_size,
-        config.kv_lanes,
-        prefix_cache=config.prefix_cache,
-        max_cached_blocks=config.prefix_cache_tokens // config.block_size,
-    )
-    engine_config = EngineConfig(
-        max_running=config.max_running,
-        token_budget=config.step_tokens,
-        batch_prefill_budget=config.batch_prefill_tokens,
-        queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
-        step_timeout_s=config.step_timeout_s,
-        speculation=SpecConfig(config.speculative, config.spec_tokens, config.spec_max_running),
-    )
-    engine = Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
-    if config.adaptive_threads and config.threads > 1:
-        engine.thread_control = AdaptiveThreads.for_runner(runner, config.threads)
-    if config.batch_rows_with_interactive > 0:
-        engine.scheduler.batch_rows = BatchRowCap(config.batch_rows_with_interactive)
-    return engine
 
 
 class InferenceServer:
@@ -92,14 +53,14 @@ class InferenceServer:
         self.config = config
         self.telemetry = telemetry or Telemetry()
         self.health = HealthServicer()
-        self.tenancy = Tenancy.from_config(config)  # a bad tenants file fails here, before listening
+        # a bad tenants file fails here, before listening
+        self.tenancy = Tenancy.from_file(config.auth_tokens, config.fair_share)
         self.telemetry.tenancy = self.tenancy
-        limits = StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
-        self.servicer = InferenceServicer(self.telemetry, limits)
-        self.servicer.tenancy = self.tenancy
-        self.batch = BatchService(config, self.servicer, self.telemetry)  # opens --batch-db (fails early)
-        self.response_cache = build_cache(config)  # a bad --response-cache-db fails here, before listening
-        self.servicer.cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
+        self.response_cache = build_cache(cache_config(config))  # a bad --response-cache-db fails here too
+        cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
+        self.intake = Intake(self.telemetry, self.tenancy, cache)
+        self.servicer = InferenceServicer(self.intake, stream_limits(config))
+        self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens --batch-db (fails early)
         self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
@@ -134,7 +95,8 @@ class InferenceServer:
         t0 = time.monotonic()
         engine, builder, grammar = await loop.run_in_executor(None, self._load, loop)
         self.engine, self.grammar = engine, grammar
-        self.servicer.attach(engine, builder, grammar)
+        self.intake.attach(engine, builder, grammar)
+        self.servicer.attach()
         await self.batch.start()  # requeues items a previous run left running
         await self._set_health(SERVING)
         log.info(
@@ -224,5 +186,5 @@ class InferenceServer:
             self.engine.runner.close()  # NOTE: never while the engine thread may still be in llama_decode
         if self.grammar is not None:
             self.grammar.close()
-        self.servicer.cache.close()
+        self.intake.cache.close()
         self.telemetry.shutdown()

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.paged_kv import KVBlockManager, KVOp
-from service.scheduler import Plan, Scheduler
-from service.sequence import FinishReason, Sequence
+from service.request.sequence import FinishReason, Sequence
+from service.scheduler.plan import Plan
+from service.scheduler.scheduler import Scheduler
 
 
 @dataclass

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from service.api.grpc_options import server_options
 from service.config import ServerConfig, load_config
-from service.cpu_quota import cpu_quota, default_threads
-from service.grpc_options import server_options
+from service.threads.cpu_quota import cpu_quota, default_threads
 
 V2_SELF = "0::/kubepods/pod1/ctr\n"
 V1_SELF = "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"

@@ -28,8 +28,8 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.observability.setup import make_telemetry
 from service.server import InferenceServer
-from service.telemetry_setup import make_telemetry
 from tests.conftest import server_config
 from tests.helpers import preempt_reject_cancel, req, run_stream
 

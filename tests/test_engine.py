@@ -174,14 +174,14 @@ def test_chat_template(server: RunningServer, channel: grpc.Channel) -> None:
     msgs = [pb.ChatMessage(role="user", content="What is the capital of France?")]
     r = run_stream(channel, [req("c", "", 16, messages=msgs)])["c"]
     assert r.error is None
-    rendered = server.server.servicer.builder.template.render([("user", "What is the capital of France?")])
+    rendered = server.server.intake.builder.template.render([("user", "What is the capital of France?")])
     assert "<|im_start|>user" in rendered and rendered.endswith("<|im_start|>assistant\n")
     assert r.done.usage.prompt_tokens == len(server.engine.runner.vocab.tokenize(rendered))
     assert r.text.strip()
     # A caller's system message replaces the template's default one.
     sys_msgs = [pb.ChatMessage(role="system", content="Be brief."), *msgs]
     r2 = run_stream(channel, [req("c2", "", 4, messages=sys_msgs)])["c2"]
-    rendered2 = server.server.servicer.builder.template.render(
+    rendered2 = server.server.intake.builder.template.render(
         [("system", "Be brief."), ("user", msgs[0].content)]
     )
     assert "SmolLM" not in rendered2
@@ -248,7 +248,7 @@ def test_join_mid_generation(server: RunningServer, channel: grpc.Channel) -> No
 
 def test_every_decode_runs_on_the_engine_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm-up included: a second thread that decodes slows all later decodes (OpenMP teams)."""
-    from service.runner import ModelRunner
+    from service.model.runner import ModelRunner
 
     seen: list[tuple[object, int]] = []
     decode = ModelRunner.decode

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from service.requests import MAX_REQUEST_ID_BYTES
+from service.api.request_builder import MAX_REQUEST_ID_BYTES
 from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
 
 pytestmark = pytest.mark.model

@@ -46,7 +46,7 @@ _W: dict[str, Any] = {}
 
 def _init_worker(model: str) -> None:
     from service import json_grammar as jg
-    from service.runner import Vocab
+    from service.model.runner import Vocab
 
     vocab = Vocab.load(model)
     tok = vocab.ll_tokenizer()
@@ -57,7 +57,7 @@ def _init_worker(model: str) -> None:
         comp=jg.GrammarCompiler(tok, cache_size=8),
         masks=jg.MaskBatch(tok, vocab.n_vocab, 1, threads=1),
     )
-    from service.json_keys import KeyVocab
+    from service.grammar.json_keys import KeyVocab
 
     _W["keys"] = KeyVocab(vocab.token_bytes)
     warm, _, _ = _W["comp"].compile("regex", "warm")  # starts the executor's thread before timing
@@ -128,7 +128,7 @@ def _with_duplicate_key(data: Any) -> str | None:
 def _check_duplicate_key(tests: list[dict[str, Any]], res: dict[str, Any]) -> None:
     """Would the service's duplicate-key guard stop the repeated key of this schema's first valid
     object instance, token by token as the model would write it?"""
-    from service.json_keys import KeyGuard
+    from service.grammar.json_keys import KeyGuard
 
     text = next((t for t in (_with_duplicate_key(x["data"]) for x in tests if x["valid"]) if t), None)
     if text is None:

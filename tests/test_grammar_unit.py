@@ -32,7 +32,7 @@ PERSON = {
 def vocab() -> Any:
     if not MODEL.is_file():
         pytest.skip(f"{MODEL} missing: run `make model`")
-    from service.runner import Vocab
+    from service.model.runner import Vocab
 
     return Vocab.load(MODEL)
 
@@ -252,7 +252,7 @@ def test_keyword_names_as_property_names_are_kept(compiler: Any, vocab: Any) -> 
 def test_validation_never_fetches_remote_refs() -> None:
     import jsonschema
 
-    from service import grammar_schema as gs
+    from service.grammar import schema as gs
 
     validator = gs.make_validator({"$ref": "http://127.0.0.1:9/schema.json"}, jsonschema.Draft202012Validator)
     assert "unresolvable" in (gs.document_problem(validator, "1") or "")

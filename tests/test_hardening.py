@@ -22,7 +22,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from service.__main__ import ENGINE_FAILED_EXIT, run_until_stopped
-from service.sequence import Priority
+from service.request.sequence import Priority
 from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
 from tests.helpers import OpenStream, collect, req, run_stream
 
@@ -42,7 +42,7 @@ def drain(stream: OpenStream) -> list[pb.GenerateResponse]:
 
 def slow_prepare(server: RunningServer, monkeypatch: pytest.MonkeyPatch, delay: float) -> None:
     """Make grammar preparation take ``delay`` seconds (a slow schema compile)."""
-    grammar = server.server.servicer.grammar
+    grammar = server.server.intake.grammar
     real = grammar.matcher_for
 
     async def slow(kind: str, source: str) -> Any:
@@ -77,7 +77,7 @@ def test_failure_inside_prepare_becomes_an_error_event(
     async def broken(kind: str, source: str) -> Any:
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(server.server.servicer.grammar, "matcher_for", broken)
+    monkeypatch.setattr(server.server.intake.grammar, "matcher_for", broken)
     fmt = pb.ResponseFormat(json_schema=fresh_schema())
     out = run_stream(channel, [req("bad", "x", 4, response_format=fmt), req("ok", "Hello", 4)], timeout=120)
     assert out["bad"].error is not None and out["bad"].error.status == "INTERNAL"
@@ -131,8 +131,8 @@ def test_one_failing_row_ends_only_its_own_request(
     server: RunningServer, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A detokenizer failure on one row, in the step where the others finish: they all get done."""
-    servicer = server.server.servicer
-    real = servicer.prepare
+    intake = server.server.intake
+    real = intake.prepare
 
     class Failing:
         def __init__(self, inner: Any, at: int) -> None:
@@ -154,7 +154,7 @@ def test_one_failing_row_ends_only_its_own_request(
             seq.text = Failing(seq.text, at=6)
         return seq
 
-    monkeypatch.setattr(servicer, "prepare", prepare)
+    monkeypatch.setattr(intake, "prepare", prepare)
     reqs = [req(rid, "Hello there", 6, ignore_eos=True) for rid in ("ok1", "bad", "ok2")]
     out = run_stream(channel, reqs, timeout=120)
     assert out["bad"].error is not None and out["bad"].error.status == "INTERNAL"

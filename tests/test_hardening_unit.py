@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.chat import ChatTemplate, ChatTemplateError
-from service.grammar_cache import GrammarCache
-from service.json_keys import KeyGuard, KeyVocab
-from service.watchdog import Watchdog
+from service.engine.watchdog import Watchdog
+from service.grammar.cache import GrammarCache
+from service.grammar.json_keys import KeyGuard, KeyVocab
+from service.model.chat import ChatTemplate, ChatTemplateError
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,14 +83,14 @@ def test_grammar_cache_is_bounded_by_bytes_and_count_but_keeps_pending_entries()
 def vocab() -> Any:
     if not MODEL.is_file():
         pytest.fail(f"{MODEL} missing: run `make model`")
-    from service.runner import Vocab
+    from service.model.runner import Vocab
 
     return Vocab.load(MODEL)
 
 
 def test_cached_grammar_is_served_while_slow_compiles_hold_the_pool(vocab: Any) -> None:
-    from service.grammar_service import GrammarService
-    from service.metrics import EngineMetrics
+    from service.api.grammar_service import GrammarService
+    from service.observability.engine_metrics import EngineMetrics
 
     svc = GrammarService(vocab, EngineMetrics(), max_source_bytes=64_000, timeout_s=0.5)
     release = threading.Event()

@@ -6,10 +6,11 @@ from collections import Counter
 
 import pytest
 
-from service.batch_rows import BatchRowCap
 from service.priority import FCFSPolicy
-from service.scheduler import Plan, Scheduler
-from service.sequence import Priority, SeqStatus
+from service.request.sequence import Priority, SeqStatus
+from service.scheduler.batch_rows import BatchRowCap
+from service.scheduler.plan import Plan
+from service.scheduler.scheduler import Scheduler
 from tests.sim import ShadowKV, drive, fake_forward
 from tests.test_scheduler import Clock, make, mkseq
 

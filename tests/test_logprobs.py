@@ -11,7 +11,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from service.runner import ModelRunner
+from service.model.runner import ModelRunner
 from tests.conftest import DEFAULT_MODEL, RunningServer, assert_kv_clean, start_server, wait_idle
 from tests.helpers import OpenStream, req, run_stream
 
@@ -82,7 +82,7 @@ def test_constrained_logprobs_come_after_the_grammar_mask(server: RunningServer,
 
 def _manual_prompt_logprobs(ids: list[int]) -> list[float]:
     """Token by token through a context of our own: log p(ids[k+1] | ids[..k])."""
-    runner = ModelRunner(DEFAULT_MODEL, n_ctx=256, n_batch=8, n_lanes=1, n_threads=1)
+    runner = ModelRunner(DEFAULT_MODEL, n_ctx=256, step_tokens=8, n_lanes=1, n_threads=1)
     try:
         out = []
         for k, tok in enumerate(ids[:-1]):
@@ -222,13 +222,13 @@ def test_generate_json_returns_logprobs_of_its_document(channel: grpc.Channel) -
 def test_a_failing_logprob_computation_ends_only_its_own_request(
     server: RunningServer, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import service.model_step
+    import service.engine.model_step
 
     def broken(*_a: Any, **_k: Any) -> Any:
         raise FloatingPointError("injected")
 
-    monkeypatch.setattr(service.model_step, "token_logprob", broken)
-    monkeypatch.setattr(service.model_step, "prompt_logprobs", broken)
+    monkeypatch.setattr(service.engine.model_step, "token_logprob", broken)
+    monkeypatch.setattr(service.engine.model_step, "prompt_logprobs", broken)
     out = run_stream(
         channel,
         [

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from service.model_api import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_BYTES
-from service.requests import DEFAULT_JSON_MAX_TOKENS, DEFAULT_MAX_TOKENS, MAX_STOP_STRINGS
+from service.api.model_rpcs import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_BYTES
+from service.api.request_builder import DEFAULT_JSON_MAX_TOKENS, DEFAULT_MAX_TOKENS, MAX_STOP_STRINGS
 from tests.conftest import DEFAULT_MODEL
 from tests.helpers import req, run_stream
 
@@ -196,9 +196,9 @@ def test_add_special_adds_bos_only_for_models_that_want_it(stub: Any) -> None:
     gemma = DEFAULT_MODEL.parent / "gemma-3-270m-q4_k_m.gguf"
     if not gemma.is_file():
         pytest.skip(f"{gemma.name} not fetched (make bench-model)")
-    from service.chat import ChatTemplate
-    from service.requests import PromptLimits, RequestBuilder
-    from service.runner import Vocab
+    from service.api.request_builder import PromptLimits, RequestBuilder
+    from service.model.chat import ChatTemplate
+    from service.model.runner import Vocab
 
     vocab = Vocab.load(gemma)
     builder = RequestBuilder(vocab, ChatTemplate(None), PromptLimits(max_context=4096))

@@ -33,9 +33,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from service.__main__ import JsonFormatter, TextFormatter
 from service.config import ServerConfig
+from service.observability.setup import make_telemetry, start_prometheus
+from service.observability.telemetry import OTelTelemetry, Telemetry
 from service.server import SERVICE_NAME, InferenceServer
-from service.telemetry import OTelTelemetry, Telemetry
-from service.telemetry_setup import make_telemetry, start_prometheus
 from tests.conftest import DEFAULT_MODEL, RunningServer, server_config, wait_idle
 from tests.helpers import OpenStream, preempt_reject_cancel, req, run_stream
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from service.paged_kv import KVBlockManager
-from service.sequence import SamplingParams, Sequence
+from service.request.sequence import SamplingParams, Sequence
 from tests.sim import ShadowKV
 
 

@@ -9,7 +9,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from service.sequence import Priority
+from service.request.sequence import Priority
 from tests.conftest import RunningServer, assert_kv_clean, start_server, wait_idle
 from tests.helpers import MarginRecorder, OpenStream, assert_same_greedy, req, run_stream
 

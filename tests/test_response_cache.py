@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from service.observability.telemetry import OTelTelemetry
 from service.server import InferenceServer
-from service.telemetry import OTelTelemetry
 from tests.conftest import RunningServer, server_config, start_server
 from tests.helpers import OpenStream, Result, collect, req, run_stream
 

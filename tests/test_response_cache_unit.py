@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from inference.v1 import inference_pb2 as pb
 
-from service.events import Delta, Done
+from service.request.events import Delta, Done
+from service.request.sequence import FinishReason, SamplingParams, Sequence
 from service.response_cache.cache import CacheConfig, ResponseCache, Ticket
 from service.response_cache.facts import facts, same_facts
 from service.response_cache.key import ModelIdentity, exact_key, semantic_scope, split_user_message
@@ -30,7 +31,6 @@ from service.response_cache.relations import (
     swapped,
 )
 from service.response_cache.store import Entry, MemoryStore, SqliteStore
-from service.sequence import FinishReason, SamplingParams, Sequence
 
 MODEL = ModelIdentity("a" * 64, "{{ messages }}")
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)

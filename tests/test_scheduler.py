@@ -6,8 +6,8 @@ import pytest
 
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, FCFSPolicy, PriorityPolicy, QueueFull
-from service.scheduler import Scheduler
-from service.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
+from service.request.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
+from service.scheduler.scheduler import Scheduler
 from tests.sim import ShadowKV, append_token, drive, fake_forward
 
 
@@ -51,7 +51,7 @@ def make(
         kv,
         policy or PriorityPolicy(aging_s=10.0),
         max_running=max_running,
-        token_budget=budget,
+        step_tokens=budget,
         append_token=append_token,
         clock=clock or Clock(),
     )
@@ -126,7 +126,7 @@ def test_budget_decodes_first_then_chunked_prefill() -> None:
 def test_steps_with_decode_rows_stay_under_the_mixed_cap() -> None:
     kv = KVBlockManager(64, 4, 16)
     sched = Scheduler(
-        kv, FCFSPolicy(), max_running=6, token_budget=32, append_token=append_token, mixed_step_tokens=10
+        kv, FCFSPolicy(), max_running=6, step_tokens=32, append_token=append_token, mixed_step_tokens=10
     )
     shadow = ShadowKV(64 * 4)
     first = mkseq("first", 30, max_tokens=20)
@@ -258,7 +258,7 @@ def test_batch_prefill_is_capped_per_step_interactive_is_not() -> None:
         kv,
         PriorityPolicy(aging_s=100.0),
         max_running=4,
-        token_budget=32,
+        step_tokens=32,
         append_token=append_token,
         clock=Clock(),
         batch_prefill_budget=8,

@@ -123,14 +123,14 @@ def test_refused_calls_never_reach_the_engine(
     engine = secure.engine
     before = (engine.metrics.snapshot()["tiers"], engine.metrics.steps)
     prepared: list[str] = []
-    servicer = secure.server.servicer
-    original = servicer.prepare
+    intake = secure.server.intake
+    original = intake.prepare
 
     async def spy(request_id: str, *args: Any, **kw: Any) -> Any:
         prepared.append(request_id)
         return await original(request_id, *args, **kw)
 
-    servicer.prepare = spy  # type: ignore[method-assign]
+    intake.prepare = spy  # type: ignore[method-assign]
     try:
         with setup.channel(secure.port) as ch:
             stub = pb_grpc.InferenceServiceStub(ch)
@@ -146,7 +146,7 @@ def test_refused_calls_never_reach_the_engine(
                 else:
                     stub.GetMetrics(pb.GetMetricsRequest(), metadata=metadata, timeout=10)
     finally:
-        del servicer.prepare
+        del intake.prepare
     assert info.value.code() == code, info.value.details()
     assert TOKENS["alpha"] not in info.value.details()
     assert prepared == []

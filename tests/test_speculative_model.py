@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from service.speculator import SpecConfig
+from service.engine.speculator import SpecConfig
 from tests.conftest import RunningServer, assert_kv_clean, wait_idle
 from tests.helpers import MarginRecorder, assert_same_greedy, req, run_stream
 

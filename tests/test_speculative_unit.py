@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.sampling import distribution
-from service.sequence import SamplingParams, SeqStatus, Sequence
-from service.speculative import propose, verify_greedy, verify_sampled
-from service.speculator import COOLDOWN_STEPS, SpecConfig, Speculator
+from service.engine.speculator import COOLDOWN_STEPS, SpecConfig, Speculator
+from service.model.sampling import distribution
+from service.model.speculative import propose, verify_greedy, verify_sampled
+from service.request.sequence import SamplingParams, SeqStatus, Sequence
 
 # 99.9% quantile of the chi-square distribution with 4 degrees of freedom.
 CHI2_4DF_999 = 18.47

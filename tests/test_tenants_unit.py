@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from service.events import Done
-from service.fair_share import FairShare
 from service.priority import PriorityPolicy
-from service.quotas import QuotaExceeded, TenantQuotas
-from service.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
-from service.tenants import Tenant, TenantFile, TenantFileError, parse_table
+from service.request.events import Done
+from service.request.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
+from service.scheduler.fair_share import FairShare
+from service.security.quotas import QuotaExceeded, TenantQuotas
+from service.security.tenants import Tenant, TenantFile, TenantFileError, parse_table
 
 
 def sha(token: str) -> str:
@@ -246,9 +246,9 @@ def test_one_tenant_order_is_fcfs_with_preempted_first() -> None:
 def test_tenant_metrics_are_bounded_by_the_file(tmp_path: Path) -> None:
     from inference.v1 import inference_pb2 as pb
 
-    from service.metrics_view import tenant_metrics
-    from service.otel_metrics import _per_tenant
-    from service.tenancy import Tenancy
+    from service.observability.metrics_view import tenant_metrics
+    from service.observability.otel_metrics import _per_tenant
+    from service.security.tenancy import Tenancy
 
     path = tmp_path / "tenants.json"
     path.write_text(json.dumps({"tenants": {"a": {"token_sha256": [sha("x")], "weight": 2}}}))
@@ -263,7 +263,7 @@ def test_tenant_metrics_are_bounded_by_the_file(tmp_path: Path) -> None:
 
 
 def test_tenant_on_request_span_attributes_never_the_token() -> None:
-    from service.telemetry import _request_attributes
+    from service.observability.telemetry import _request_attributes
 
     s = seq("team-a")
     attrs = _request_attributes(s, "model.gguf")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.sampling import sample_one, sample_rows
-from service.sequence import SamplingParams
-from service.textstream import TextStream
+from service.model.sampling import sample_one, sample_rows
+from service.request.sequence import SamplingParams
+from service.request.text_stream import TextStream
 
 PIECES = [b"Hel", b"lo", b" \xe2\x82", b"\xac", b"!", b"\xf0\x9f", b"\x99\x82", b" END", b"ING", b"E"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.adaptive_threads import (
+from service.threads.adaptive import (
     AdaptiveThreads,
     ContentionSignal,
     cpu_stat_path,
@@ -14,7 +14,7 @@ from service.adaptive_threads import (
     parse_pressure_some,
     parse_throttled,
 )
-from service.thread_governor import GovernorConfig, ThreadGovernor, bucket
+from service.threads.governor import GovernorConfig, ThreadGovernor, bucket
 
 # Seconds per step by thread count, roughly as measured on the 2-core machine (4 sequences).
 QUIET = {2: 0.045, 1: 0.068}
@@ -284,7 +284,7 @@ def test_thread_count_switches_and_probes_are_exported_as_otel_metrics() -> None
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from service.adaptive_threads import observe_threads
+    from service.threads.adaptive import observe_threads
 
     runner, clock = RecordingRunner(), [0.0]
     control = AdaptiveThreads(runner, governor(), None, clock=lambda: clock[0])

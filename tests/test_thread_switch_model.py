@@ -7,8 +7,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from service.runner import ModelRunner
-from service.server import build_engine
+from service.assembly import build_engine
+from service.model.runner import ModelRunner
 from tests.conftest import DEFAULT_MODEL, RunningServer, server_config
 from tests.helpers import req, run_stream
 
@@ -32,7 +32,7 @@ def _greedy(
 
 
 def test_switching_threads_between_steps_keeps_greedy_tokens_and_logits() -> None:
-    runner = ModelRunner(DEFAULT_MODEL, n_ctx=512, n_batch=64, n_lanes=2, n_threads=2)
+    runner = ModelRunner(DEFAULT_MODEL, n_ctx=512, step_tokens=64, n_lanes=2, n_threads=2)
     try:
         ids = runner.vocab.tokenize("The capital of France is Paris. The capital of Italy is")
         fixed, fixed_rows = _greedy(runner, ids, 12, [2])

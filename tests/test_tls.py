@@ -1,4 +1,4 @@
-"""TLS without a model: handshake, and certificate rotation on disk without a restart (service.tls)."""
+"""TLS without a model: handshake, and certificate rotation on disk without a restart (service.security.tls)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from service.tls import server_credentials
+from service.security.tls import server_credentials
 from tests.certs import CA
 
 

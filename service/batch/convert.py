@@ -8,7 +8,7 @@ from inference.v1 import batch_pb2 as bpb
 from inference.v1 import inference_pb2 as pb
 
 from service.batch.store import DEFAULT_WINDOW_S, Job, JobSpec, JobState, StoredResult
-from service.requests import BadRequest
+from service.request.errors import BadRequest
 
 STATES = {s: getattr(bpb, f"BATCH_STATE_{s.name}") for s in JobState}
 FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED}

@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import inference_pb2 as pb
 
+from service.api.intake import Intake
+from service.api.proto_convert import response_format
 from service.batch.store import ItemResult, ItemState
-from service.events import Delta, Done, Error
-from service.protos import response_format
-from service.requests import BadRequest
-from service.sequence import FinishReason, Sequence
+from service.request.errors import BadRequest
+from service.request.events import Delta, Done, Error
+from service.request.sequence import FinishReason, Sequence
 
 MAX_CUSTOM_ID_BYTES = 256
 SORT_KEY_TOKENS = 64  # items are started in the order of their first 64 prompt tokens
@@ -58,7 +59,7 @@ def _check_unsupported(sp: pb.SamplingParams) -> None:
         raise BadRequest("batch results carry no log-probabilities: unset logprobs and echo_prompt_logprobs")
 
 
-async def prepare(servicer: Any, item: bpb.BatchItem, request_id: str) -> Sequence:
+async def prepare(intake: Intake, item: bpb.BatchItem, request_id: str) -> Sequence:
     """The item's Sequence in the batch tier (not submitted); raises BadRequest for a bad item."""
     kind = item.WhichOneof("request")
     if kind == "generate":
@@ -67,7 +68,7 @@ async def prepare(servicer: Any, item: bpb.BatchItem, request_id: str) -> Sequen
             raise BadRequest("cancel is not an item: use CancelBatch")
         _check_unsupported(g.sampling)
         fmt = response_format(g.response_format)
-        return await servicer.prepare(
+        return await intake.prepare(
             request_id, g.prompt, g.messages, g.sampling, pb.PRIORITY_BATCH, fmt, None
         )
     if kind == "generate_json":
@@ -75,7 +76,7 @@ async def prepare(servicer: Any, item: bpb.BatchItem, request_id: str) -> Sequen
         if not j.json_schema:
             raise BadRequest("json_schema is empty")
         _check_unsupported(j.sampling)
-        return await servicer.prepare(
+        return await intake.prepare(
             request_id, j.prompt, j.messages, j.sampling, pb.PRIORITY_BATCH, ("json_schema", j.json_schema),
             None, json_mode=True,
         )

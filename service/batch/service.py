@@ -9,40 +9,50 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from inference.v1 import batch_pb2 as bpb
 
+from service.api.intake import Intake
+from service.api.tolerant_decoding import add_servicer
 from service.batch.items import StoreThread
 from service.batch.servicer import BatchServicer
 from service.batch.sqlite_store import SqliteJobStore
 from service.batch.worker import BatchWorker
-from service.wire import add_servicer
 
 log = logging.getLogger("service.batch")
 DESCRIPTOR = bpb.DESCRIPTOR.services_by_name["BatchService"]
 BATCH_SERVICE_NAME = DESCRIPTOR.full_name
 
 
+@dataclass(frozen=True)
+class BatchConfig:
+    """The batch service's settings (``--batch-db``, ``--batch-retention-hours``, ``--batch-max-running``)."""
+
+    db: str
+    retention_s: float
+    max_running: int  # batch items in the engine at once
+
+
 class BatchService:
     """Owns the batch store, the worker and the servicer of one server."""
 
-    def __init__(self, config: Any, inference: Any, telemetry: Any = None) -> None:
+    def __init__(self, config: BatchConfig, intake: Intake, telemetry: Any = None) -> None:
         try:
-            store = SqliteJobStore(config.batch_db, retention_s=config.batch_retention_hours * 3600)
+            store = SqliteJobStore(config.db, retention_s=config.retention_s)
             # NOTE: before the server listens: a CreateBatch must never race the removal of broken uploads
             requeued = store.recover()
         except sqlite3.Error as exc:
-            raise OSError(f"--batch-db {config.batch_db}: {exc}") from exc
+            raise OSError(f"--batch-db {config.db}: {exc}") from exc
         if requeued:
             log.info("batch: %d items that were running at the last stop are queued again", requeued)
         self.db = StoreThread(store)
-        cap = config.batch_max_running or max(1, config.max_running // 2)
         provider = getattr(telemetry, "tracer_provider", None)
         tracer = provider.get_tracer("service.batch") if provider is not None else None
-        self.worker = BatchWorker(self.db, inference, cap, tracer=tracer)
-        self.servicer = BatchServicer(self.db, self.worker, inference)
+        self.worker = BatchWorker(self.db, intake, config.max_running, tracer=tracer)
+        self.servicer = BatchServicer(self.db, self.worker, intake)
         meters = getattr(telemetry, "meter_provider", None)
         if meters is not None:
             observe_batches(meters.get_meter("service.batch"), store, self.worker)

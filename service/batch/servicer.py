@@ -1,7 +1,7 @@
 """gRPC servicer of inference.v1.BatchService: a thin translator onto the JobStore and the worker.
 
 Every job belongs to the tenant of the call that created it
-(``service.auth.current_tenant()``); another tenant's job is NOT_FOUND.
+(``service.security.auth.current_tenant()``); another tenant's job is NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from inference.v1 import batch_pb2 as bpb
 from inference.v1 import batch_pb2_grpc as bpb_grpc
 from opentelemetry import trace
 
-from service.auth import current_tenant
+from service.api.intake import Intake
+from service.api.tolerant_decoding import MALFORMED
 from service.batch.convert import job_proto, result_proto, spec_of
 from service.batch.items import StoreThread, check_custom_id, prepare, sort_key
 from service.batch.store import TERMINAL, ItemError, Job, NewItem
 from service.batch.worker import BatchWorker
-from service.requests import BadRequest
-from service.wire import MALFORMED
+from service.request.errors import BadRequest
+from service.security.auth import current_tenant
 
 log = logging.getLogger("service.batch")
 MAX_ITEMS = 100_000
@@ -31,10 +32,10 @@ DEFAULT_PAGE, MAX_PAGE = 20, 100
 
 
 class BatchServicer(bpb_grpc.BatchServiceServicer):
-    """Implements inference.v1.BatchService; ``inference`` is the InferenceServicer (engine, validation)."""
+    """Implements inference.v1.BatchService; ``intake`` validates items and says whether work is taken."""
 
-    def __init__(self, db: StoreThread, worker: BatchWorker, inference: Any) -> None:
-        self.db, self.worker, self.inference = db, worker, inference
+    def __init__(self, db: StoreThread, worker: BatchWorker, intake: Intake) -> None:
+        self.db, self.worker, self.intake = db, worker, intake
 
     async def _job(self, batch_id: str, context: grpc.aio.ServicerContext) -> Job:
         job: Job | None = await self.db("get_job", current_tenant(), batch_id)
@@ -47,7 +48,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     async def CreateBatch(
         self, request_iterator: AsyncIterator[bpb.CreateBatchRequest], context: grpc.aio.ServicerContext
     ) -> bpb.CreateBatchResponse:
-        await self.inference._check_ready(context)
+        await self.intake.require(context)
         upload = _Upload(self)
         try:
             async for msg in request_iterator:
@@ -165,7 +166,7 @@ class _Upload:
             return ItemError(line, cid, "INVALID_ARGUMENT", problem)
         data = item.SerializeToString()
         try:
-            seq = await prepare(self.s.inference, item, f"upload/{cid}")
+            seq = await prepare(self.s.intake, item, f"upload/{cid}")
         except BadRequest as exc:
             return NewItem(cid, line, data, error=ItemError(line, cid, exc.status, str(exc)))
         return NewItem(cid, line, data, sort_key(seq))

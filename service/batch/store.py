@@ -25,7 +25,7 @@ Contract (every implementation):
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -52,7 +52,6 @@ class ItemState(StrEnum):
     CANCELLED = "cancelled"
 
 
-ITEM_DONE = frozenset({ItemState.COMPLETED, ItemState.FAILED, ItemState.CANCELLED})
 DEFAULT_WINDOW_S = 24 * 3600
 MAX_ERRORS_SHOWN = 100
 
@@ -242,12 +241,3 @@ class JobStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the store's resources."""
-
-    def iter_results(self, tenant: str, job_id: str, by_completion: bool, cursor: str = "") -> Iterator[StoredResult]:
-        """Every finished item after ``cursor``, fetched in pages."""
-        while True:
-            page = self.results(tenant, job_id, by_completion, cursor, 256)
-            yield from page
-            if len(page) < 256:
-                return
-            cursor = page[-1].cursor

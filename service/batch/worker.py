@@ -3,7 +3,7 @@
 One asyncio task on the server's event loop. Each round it claims queued
 items (``JobStore.claim`` marks them RUNNING and commits *before* anything
 starts), prepares them like any request (``service.batch.items.prepare``) and
-submits them in the batch tier through the servicer (quotas, telemetry). At
+submits them in the batch tier through the intake (quotas, telemetry). At
 most ``max_running`` items are in the engine at once (queued there or
 running), so live batch-tier streams keep their share.
 
@@ -31,13 +31,14 @@ from typing import Any
 from inference.v1 import batch_pb2 as bpb
 from opentelemetry import trace
 
+from service.api.intake import Intake
 from service.batch.items import StoreThread, outcome, prepare
 from service.batch.store import Claim, ItemResult, ItemState, JobState
 from service.continuous_batcher import Draining
-from service.events import Done, Error
 from service.priority import QueueFull
-from service.requests import BadRequest
-from service.sequence import Sequence
+from service.request.errors import BadRequest
+from service.request.events import Done, Error
+from service.request.sequence import Sequence
 
 log = logging.getLogger("service.batch")
 ABORT_WHY = {
@@ -59,14 +60,14 @@ class Running:
 
 
 class BatchWorker:
-    """Claims items from the store and runs them on the servicer's engine; see the module docstring."""
+    """Claims items from the store and runs them on the intake's engine; see the module docstring."""
 
     def __init__(
-        self, db: StoreThread, servicer: Any, max_running: int, sweep_s: float = 10.0, tracer: Any = None
+        self, db: StoreThread, intake: Intake, max_running: int, sweep_s: float = 10.0, tracer: Any = None
     ) -> None:
         self.db = db
         self.tracer = tracer or trace.NoOpTracer()  # one span per item run, parent of its request span
-        self.servicer = servicer
+        self.intake = intake
         self.max_running = max_running
         self.sweep_s = sweep_s
         self.running: dict[tuple[str, str], Running] = {}
@@ -124,8 +125,7 @@ class BatchWorker:
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
 
     def _accepting(self) -> bool:
-        engine = self.servicer.engine
-        return not (engine.draining or engine.failure is not None or time.monotonic() < self._backoff_until)
+        return self.intake.unavailable() is None and time.monotonic() >= self._backoff_until
 
     async def _abort_stopping(self) -> None:
         if not self.running:
@@ -135,7 +135,7 @@ class BatchWorker:
             why = stopping.get(run.claim.job_id)
             if why is not None and run.aborted is None:
                 run.aborted = why
-                self.servicer.engine.abort(run.seq)
+                self.intake.abort(run.seq)
 
     async def _fill(self) -> None:
         free = self.max_running - len(self.running)
@@ -152,7 +152,7 @@ class BatchWorker:
         """Prepare and submit one claimed item; False when the engine refused it (it is requeued)."""
         item = bpb.BatchItem.FromString(claim.request)
         try:
-            seq = await prepare(self.servicer, item, f"{claim.job_id}/{claim.attempt}/{claim.custom_id}")
+            seq = await prepare(self.intake, item, f"{claim.job_id}/{claim.attempt}/{claim.custom_id}")
         except BadRequest as exc:  # valid at upload, not now (e.g. the server's limits changed)
             await self._finish(claim, ItemState.FAILED, ItemResult(error_status=exc.status, error_message=str(exc)))
             return True
@@ -171,7 +171,7 @@ class BatchWorker:
         self.running[(claim.job_id, claim.custom_id)] = run
         try:
             with trace.use_span(span, end_on_exit=False):  # the request's span becomes its child
-                self.servicer.submit(seq)
+                self.intake.submit(seq)
         except (QueueFull, Draining) as exc:
             del self.running[(claim.job_id, claim.custom_id)]
             span.end()
@@ -187,7 +187,7 @@ class BatchWorker:
             return  # stopped without drain: the item stays RUNNING in the store and runs again later
         run.events.append(event)
         if isinstance(event, Done | Error):
-            self.servicer.telemetry.on_finish(run.seq, event)
+            self.intake.finished(run.seq, event)
             task = asyncio.get_running_loop().create_task(self._record(run))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
@@ -195,7 +195,7 @@ class BatchWorker:
     async def _record(self, run: Running) -> None:
         claim, last = run.claim, run.events[-1]
         try:
-            state, result = outcome(run.seq, run.events, run.json_item, self.servicer.grammar)
+            state, result = outcome(run.seq, run.events, run.json_item, self.intake.grammar)
             not_ours = state is ItemState.CANCELLED and run.aborted is None
             if (isinstance(last, Error) and last.status == "UNAVAILABLE") or not_ours:
                 await self.db("requeue", claim, True)  # drained or the engine failed: run it again later

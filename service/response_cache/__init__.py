@@ -2,36 +2,24 @@
 
 Modules: ``key`` (what makes two requests the same), ``store`` (the byte-bounded
 LRU and its SQLite persistence), ``coalesce`` (identical requests in flight),
-``semantic`` (embedding lookup), ``cache`` (the three together), ``front`` (the
-servicer's one call). See docs/response-cache.md.
+``semantic`` (embedding lookup), ``cache`` (the three together); the front
+ends' one call is ``service.api.cache_front``. See docs/response-cache.md.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from service.response_cache.cache import CacheConfig, ResponseCache
-from service.response_cache.front import CacheFront, Replay
 from service.response_cache.key import ModelIdentity, file_sha256
 
 log = logging.getLogger("service.response_cache")
 
 
-def build_cache(config: Any) -> ResponseCache | None:
-    """The server's cache from its ServerConfig (None when --response-cache-bytes is 0)."""
-    if config.response_cache_bytes <= 0:
-        return None
-    return ResponseCache(
-        CacheConfig(
-            capacity_bytes=config.response_cache_bytes,
-            db_path=config.response_cache_db,
-            max_ttl_s=config.response_cache_max_ttl_s,
-            semantic=config.semantic_cache,
-            semantic_threshold=config.semantic_cache_threshold,
-        )
-    )
+def build_cache(config: CacheConfig) -> ResponseCache | None:
+    """The server's cache (None when its capacity is 0: ``--response-cache-bytes 0``)."""
+    return ResponseCache(config) if config.capacity_bytes > 0 else None
 
 
 def bind_model(cache: ResponseCache | None, model_path: str | Path, chat_template: str) -> None:
@@ -47,4 +35,4 @@ def bind_model(cache: ResponseCache | None, model_path: str | Path, chat_templat
         log.info("semantic response cache on (threshold %.2f)", cache.config.semantic_threshold)
 
 
-__all__ = ["CacheConfig", "CacheFront", "Replay", "ResponseCache", "bind_model", "build_cache"]
+__all__ = ["CacheConfig", "ResponseCache", "bind_model", "build_cache"]

@@ -23,7 +23,8 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
-from service.events import Delta, Done
+from service.request.events import Delta, Done
+from service.request.sequence import FinishReason, Sequence
 from service.response_cache.coalesce import Coalescer
 from service.response_cache.key import (
     ModelIdentity,
@@ -34,7 +35,6 @@ from service.response_cache.key import (
     split_user_message,
 )
 from service.response_cache.store import Entry, MemoryStore, ResponseStore, SqliteStore
-from service.sequence import FinishReason, Sequence
 
 log = logging.getLogger("service.response_cache")
 POLICIES = (

@@ -3,7 +3,7 @@
 The exact key is a SHA-256 over everything that can change a deterministic
 answer: the model file's sha256, the chat template, the prompt token ids after
 templating, every sampling field (``dataclasses.asdict`` of
-``service.sequence.SamplingParams``, so a field added there is covered without
+``service.request.sequence.SamplingParams``, so a field added there is covered without
 touching this module), the response format (kind and source text), whether it
 is a GenerateJSON request, and the tenant. ``ignore_eos`` is a sampling field.
 
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from service.sequence import SamplingParams
+from service.request.sequence import SamplingParams
 
 KEY_VERSION = 1  # bump when the stored entry format or the key recipe changes
 _SHA_MEMO: dict[tuple[str, int, int], str] = {}

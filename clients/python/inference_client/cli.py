@@ -30,6 +30,7 @@ from typing import Any
 
 from .batch_cli import COMMANDS as BATCH_COMMANDS
 from .batch_cli import add_commands as add_batch_commands
+from .cli_input import prompt_input
 from .cli_logprobs import print_result
 from .cli_model import COMMANDS as MODEL_COMMANDS
 from .cli_model import add_commands as add_model_commands
@@ -39,7 +40,6 @@ from .events import Delta, Done
 from .metrics import format_metrics, metrics_to_dict
 from .retry import RetryPolicy
 from .security import TOKEN_ENV, secure_credentials
-from .spec import MessageLike
 
 EXIT_NOT_SERVING = 1
 EXIT_ERROR = 2
@@ -108,16 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _input(args: argparse.Namespace) -> dict[str, Any]:
-    """``prompt=`` or ``messages=`` keyword arguments from the parsed options."""
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if not (args.chat or args.system):
-        return {"prompt": prompt}
-    messages: list[MessageLike] = [("system", args.system)] if args.system else []
-    messages.append(("user", prompt))
-    return {"messages": messages}
-
-
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
     names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "priority", "top_logprobs")
     options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
@@ -160,13 +150,13 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
     if args.n is not None:
         options["n"] = args.n
     if (args.n or 1) > 1 or args.logprobs or args.echo_prompt_logprobs:
-        with client.generate(**_input(args), **options) as generation:
+        with client.generate(**prompt_input(args), **options) as generation:
             result = generation.result()
         print_result(result)
         if result.done is not None:
             print(summary_line(result.done), file=sys.stderr)
         return 0
-    with client.generate(**_input(args), **options) as generation:
+    with client.generate(**prompt_input(args), **options) as generation:
         for event in generation:
             if isinstance(event, Delta):
                 sys.stdout.write(event.text)
@@ -180,7 +170,7 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
 
 def cmd_json(client: InferenceClient, args: argparse.Namespace) -> int:
     """Print the generated JSON document."""
-    resp = client.generate_json_response(_read_schema(args.schema), **_input(args), **_sampling(args))
+    resp = client.generate_json_response(_read_schema(args.schema), **prompt_input(args), **_sampling(args))
     doc = json.loads(resp.json)
     print(json.dumps(doc, separators=(",", ":")) if args.compact else json.dumps(doc, indent=2))
     t = resp.timing

@@ -20,6 +20,7 @@ import json
 import sys
 from typing import Any
 
+from .cli_input import prompt_input
 from .client import InferenceClient
 from .model_calls import format_model_info, format_tokens, model_info_to_dict
 
@@ -60,9 +61,7 @@ def add_commands(sub: Any) -> None:
 
 
 def _text_input(args: argparse.Namespace) -> dict[str, Any]:
-    from .cli import _input  # NOTE: lazy: cli imports this module
-
-    given = _input(args)
+    given = prompt_input(args)
     flags = {"add_special": args.add_special, "parse_special": args.parse_special}
     return {"text": given.get("prompt"), "messages": given.get("messages"), **flags}
 

@@ -1,0 +1,55 @@
+"""gRPC server channel arguments for running behind client-side load balancing.
+
+``max_connection_age`` makes the server send GOAWAY to every connection after
+a while: clients then reconnect, re-resolve DNS (a headless Service lists the
+pods) and new replicas receive traffic; calls open at that moment get
+``max_connection_age_grace`` to finish. Keepalive pings detect dead peers on
+idle connections; ``min_recv_ping_interval`` is how often a client may ping
+before the server answers GOAWAY ``too_many_pings``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+INT32_MAX = 2**31 - 1
+
+
+def _ms(seconds: float) -> int:
+    return min(INT32_MAX, round(seconds * 1000))
+
+
+class ConnectionSettings(Protocol):
+    """The connection flags, in seconds (``ServerConfig`` has them: ``--max-connection-age-s`` ...)."""
+
+    @property
+    def max_connection_age_s(self) -> float: ...
+    @property
+    def max_connection_age_grace_s(self) -> float: ...
+    @property
+    def keepalive_time_s(self) -> float: ...
+    @property
+    def keepalive_timeout_s(self) -> float: ...
+    @property
+    def keepalive_min_client_interval_s(self) -> float: ...
+
+
+def server_options(config: ConnectionSettings) -> list[tuple[str, int]]:
+    """Channel arguments for ``grpc.aio.server(options=...)`` from the connection flags.
+
+    Zero means "off" (gRPC's own default) for the age, the grace period and the keepalive time.
+    """
+    opts: list[tuple[str, int]] = [("grpc.so_reuseport", 0)]
+    if config.max_connection_age_s > 0:
+        opts.append(("grpc.max_connection_age_ms", _ms(config.max_connection_age_s)))
+        if config.max_connection_age_grace_s > 0:
+            opts.append(("grpc.max_connection_age_grace_ms", _ms(config.max_connection_age_grace_s)))
+    if config.keepalive_time_s > 0:
+        opts.append(("grpc.keepalive_time_ms", _ms(config.keepalive_time_s)))
+        opts.append(("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_s)))
+    opts.append(("grpc.keepalive_permit_without_calls", 1))
+    opts.append(
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", _ms(config.keepalive_min_client_interval_s))
+    )
+    opts.append(("grpc.http2.max_pings_without_data", 0))
+    return opts

@@ -1,0 +1,61 @@
+"""Conversions between engine events and ``inference.v1`` protos (pure functions)."""
+
+from __future__ import annotations
+
+import grpc
+from inference.v1 import inference_pb2 as pb
+
+from service.model.logprobs import TokenLogprob
+from service.request.events import Delta, Done
+from service.request.sequence import FinishReason
+
+FINISH = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+}
+FORMAT_KINDS = {"json_schema": "json_schema", "regex": "regex", "lark_grammar": "lark", "gbnf_grammar": "gbnf"}
+
+
+def done_proto(d: Done) -> pb.Done:
+    return pb.Done(
+        finish_reason=FINISH.get(d.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+        usage=pb.Usage(
+            prompt_tokens=d.prompt_tokens,
+            completion_tokens=d.completion_tokens,
+            cached_tokens=d.cached_tokens,
+        ),
+        timing=pb.Timing(queue_ms=d.queue_ms, ttft_ms=d.ttft_ms, total_ms=d.total_ms),
+        preemptions=d.preemptions,
+        choice_index=d.choice_index,
+    )
+
+
+def logprob_proto(e: TokenLogprob) -> pb.TokenLogprob:
+    top = [pb.TopLogprob(token_id=t.token_id, token=t.token, logprob=t.logprob) for t in e.top]
+    return pb.TokenLogprob(token_id=e.token_id, token=e.token, logprob=e.logprob, top_logprobs=top)
+
+
+def delta_proto(d: Delta) -> pb.Delta:
+    return pb.Delta(
+        text=d.text,
+        token_ids=d.token_ids,
+        logprobs=[logprob_proto(e) for e in d.logprobs],
+        choice_index=d.choice_index,
+        prompt_logprobs=[logprob_proto(e) for e in d.prompt_logprobs],
+    )
+
+
+def error_proto(status: str, message: str, retry_after_ms: int = 0, quota: str = "") -> pb.Error:
+    code = grpc.StatusCode[status]
+    return pb.Error(
+        code=code.value[0], status=status, message=message, retry_after_ms=retry_after_ms, quota=quota
+    )
+
+
+def response_format(rf: pb.ResponseFormat) -> tuple[str, str] | None:
+    """(constraint kind, source) of a ResponseFormat, or None when none is set."""
+    kind = rf.WhichOneof("format")
+    if kind is None:
+        return None
+    return FORMAT_KINDS[kind], getattr(rf, kind)

@@ -1,0 +1,176 @@
+"""Validation of request protos into engine inputs; every problem is a ``BadRequest``.
+
+Runs on the event loop before admission, so the engine thread never sees bad
+input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inference.v1 import inference_pb2 as pb
+
+from service.model.chat import ChatTemplate, ChatTemplateError
+from service.model.logprobs import MAX_TOP_LOGPROBS
+from service.model.runner import Vocab
+from service.request.errors import BadRequest
+from service.request.sequence import Priority, SamplingParams
+
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_JSON_MAX_TOKENS = 1024
+MAX_STOP_STRINGS = 16
+MAX_STOP_BYTES = 256
+MAX_CHOICES = 16
+# Request ids are echoed on every event and kept per stream: bounded like any identifier.
+MAX_REQUEST_ID_BYTES = 256
+
+
+PRIORITIES: dict[int, Priority] = {
+    pb.PRIORITY_UNSPECIFIED: Priority.INTERACTIVE,
+    pb.PRIORITY_INTERACTIVE: Priority.INTERACTIVE,
+    pb.PRIORITY_BATCH: Priority.BATCH,
+}
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    max_context: int  # prompt + generated tokens one sequence may hold
+
+
+class RequestBuilder:
+    """Turns prompt/messages/sampling/priority fields into validated engine inputs."""
+
+    def __init__(self, vocab: Vocab, template: ChatTemplate, limits: PromptLimits) -> None:
+        self.vocab = vocab
+        self.template = template
+        self.limits = limits
+
+    def priority(self, value: int) -> Priority:
+        if value not in PRIORITIES:
+            raise BadRequest(f"priority {value} is not a known Priority value (0, 1 or 2)")
+        return PRIORITIES[value]
+
+    def prompt_ids(self, prompt: str, messages: list[pb.ChatMessage]) -> list[int]:
+        """Token ids of the raw prompt or the rendered chat; exactly one must be given."""
+        ids = self.render_tokens(prompt, messages)[1]
+        if not ids:
+            raise BadRequest("prompt is empty after tokenization")
+        if len(ids) >= self.limits.max_context:
+            raise BadRequest(
+                f"prompt is {len(ids)} tokens; the context limit is {self.limits.max_context} tokens "
+                "(prompt plus generated tokens)"
+            )
+        return ids
+
+    def render_tokens(
+        self,
+        prompt: str,
+        messages: list[pb.ChatMessage],
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        field: str = "prompt",
+    ) -> tuple[str, list[int]]:
+        """The text Generate tokenizes (``prompt``, or the rendered chat) and its token ids.
+
+        Unset flags take Generate's choice: a raw prompt gets BOS (if the model
+        wants one) and no special-token parsing; a rendered chat parses special
+        tokens and gets BOS unless the template wrote it. ``field`` names the
+        raw-text field in error messages (Tokenize calls it ``text``).
+        """
+        if prompt and messages:
+            raise BadRequest(f"set either {field} or messages, not both")
+        if messages:
+            try:
+                text = self.template.render([(m.role, m.content) for m in messages])
+            except ChatTemplateError as exc:
+                raise BadRequest(str(exc)) from exc
+            # A template that writes BOS itself must not get a second one.
+            has_bos = bool(self.vocab.bos_text) and text.startswith(self.vocab.bos_text)
+            add, parse = not has_bos, True
+        elif prompt:
+            text, add, parse = prompt, True, False
+        else:
+            raise BadRequest(f"{field} is empty (set {field} or messages)")
+        add = add if add_special is None else add_special
+        parse = parse if parse_special is None else parse_special
+        return text, self.vocab.tokenize(text, add_special=add, parse_special=parse)
+
+    def sampling(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool = False) -> SamplingParams:
+        """Validated sampling parameters; unset fields take the documented defaults."""
+        max_tokens = self._max_tokens(sp, num_prompt, json_mode)
+        defaults = SamplingParams()
+        temperature = sp.temperature if sp.HasField("temperature") else defaults.temperature
+        top_p = sp.top_p if sp.HasField("top_p") else defaults.top_p
+        top_k = sp.top_k if sp.HasField("top_k") else defaults.top_k
+        min_p = sp.min_p if sp.HasField("min_p") else defaults.min_p
+        if not math.isfinite(temperature) or temperature < 0:
+            raise BadRequest(f"temperature must be >= 0, got {temperature}")
+        if not (0.0 < top_p <= 1.0):
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise BadRequest(f"top_k must be >= 0 (0 disables), got {top_k}")
+        if not (0.0 <= min_p <= 1.0):
+            raise BadRequest(f"min_p must be in [0, 1], got {min_p}")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            seed=sp.seed if sp.HasField("seed") else None,
+            stop=_stops(sp),
+            ignore_eos=sp.ignore_eos,
+            logprobs=sp.logprobs,
+            top_logprobs=_top_logprobs(sp),
+            n=_choices(sp),
+            echo_prompt_logprobs=sp.echo_prompt_logprobs,
+        )
+
+    def _max_tokens(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool) -> int:
+        limit = self.limits.max_context
+        room = limit - num_prompt
+        if sp.HasField("max_tokens"):
+            max_tokens = sp.max_tokens
+            if max_tokens == 0 and sp.echo_prompt_logprobs:
+                return 0  # score the prompt only
+            if max_tokens < 1:
+                raise BadRequest(
+                    f"max_tokens must be >= 1 (0 only with echo_prompt_logprobs), got {max_tokens}"
+                )
+            if max_tokens > limit:
+                raise BadRequest(f"max_tokens {max_tokens} exceeds the context limit of {limit} tokens")
+            if max_tokens > room:
+                raise BadRequest(
+                    f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context limit "
+                    f"of {limit} tokens"
+                )
+            return max_tokens
+        return min(DEFAULT_JSON_MAX_TOKENS if json_mode else DEFAULT_MAX_TOKENS, room)
+
+
+def _stops(sp: pb.SamplingParams) -> tuple[str, ...]:
+    stops = tuple(sp.stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    for s in stops:
+        if not s or len(s.encode()) > MAX_STOP_BYTES:
+            raise BadRequest(f"stop strings must be 1..{MAX_STOP_BYTES} bytes, got {len(s.encode())}")
+    return stops
+
+
+def _top_logprobs(sp: pb.SamplingParams) -> int:
+    k = sp.top_logprobs
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {k}")
+    if k and not sp.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: set logprobs to true")
+    return k
+
+
+def _choices(sp: pb.SamplingParams) -> int:
+    if not sp.HasField("n"):
+        return 1
+    if not 1 <= sp.n <= MAX_CHOICES:
+        raise BadRequest(f"n must be in 1..{MAX_CHOICES}, got {sp.n}")
+    return sp.n

@@ -1,0 +1,75 @@
+"""The server assembly: the one place that reads ``ServerConfig`` and hands each subsystem its own config.
+
+Every other package receives what it needs (a small config dataclass, a
+Protocol that ``ServerConfig`` satisfies, or plain values) from here or from
+``service.server``; none of them imports ``service.config``.
+"""
+
+from __future__ import annotations
+
+from service.api.generate_stream import StreamLimits
+from service.batch.service import BatchConfig
+from service.config import ServerConfig
+from service.continuous_batcher import Engine, EngineConfig
+from service.engine.speculator import SpecConfig
+from service.model.runner import ModelRunner
+from service.observability.engine_metrics import EngineMetrics
+from service.paged_kv import KVBlockManager
+from service.priority import TenantOrder, make_policy
+from service.response_cache import CacheConfig
+from service.scheduler.batch_rows import BatchRowCap
+from service.threads.adaptive import AdaptiveThreads
+
+
+def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None, fair: TenantOrder | None = None) -> Engine:
+    """Load the model and build the engine (not started); ``fair`` shares tiers between tenants."""
+    runner = ModelRunner(
+        config.model,
+        n_ctx=config.ctx,
+        step_tokens=config.step_tokens,
+        n_lanes=config.kv_lanes,
+        n_threads=config.threads,
+    )
+    kv = KVBlockManager(
+        runner.n_ctx // config.block_size,
+        config.block_size,
+        config.kv_lanes,
+        prefix_cache=config.prefix_cache,
+        max_cached_blocks=config.prefix_cache_tokens // config.block_size,
+    )
+    engine_config = EngineConfig(
+        max_running=config.max_running,
+        step_tokens=config.step_tokens,
+        batch_prefill_budget=config.batch_prefill_tokens,
+        queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
+        step_timeout_s=config.step_timeout_s,
+        speculation=SpecConfig(config.speculative, config.spec_tokens, config.spec_max_running),
+    )
+    engine = Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
+    if config.adaptive_threads and config.threads > 1:
+        engine.thread_control = AdaptiveThreads.for_runner(runner, config.threads)
+    if config.batch_rows_with_interactive > 0:
+        engine.scheduler.batch_rows = BatchRowCap(config.batch_rows_with_interactive)
+    return engine
+
+
+def stream_limits(config: ServerConfig) -> StreamLimits:
+    """Backpressure of one Generate stream: pause past ``--stream-backlog``, resume at a quarter of it."""
+    return StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
+
+
+def batch_config(config: ServerConfig) -> BatchConfig:
+    """The batch service's store and cap (default cap: half of ``--max-running``)."""
+    cap = config.batch_max_running or max(1, config.max_running // 2)
+    return BatchConfig(config.batch_db, config.batch_retention_hours * 3600, cap)
+
+
+def cache_config(config: ServerConfig) -> CacheConfig:
+    """The response cache's settings (capacity 0: no cache)."""
+    return CacheConfig(
+        capacity_bytes=config.response_cache_bytes,
+        db_path=config.response_cache_db,
+        max_ttl_s=config.response_cache_max_ttl_s,
+        semantic=config.semantic_cache,
+        semantic_threshold=config.semantic_cache_threshold,
+    )

@@ -1,0 +1,349 @@
+"""The only module that imports ``llama_cpp``: model, vocabulary, one batched decode.
+
+Everything else in the service talks to llama.cpp through ``ModelRunner`` and
+``Vocab`` so that the scheduler, KV manager and grammar logic stay testable
+without a model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as L
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from service.paged_kv import KVOp
+
+log = logging.getLogger("service.llama")
+
+
+class ModelLoadError(RuntimeError):
+    """The model file is missing, corrupt or cannot be loaded."""
+
+
+# -- llama.cpp logging: forwarded to Python logging; KV buffer sizes are captured ----
+_KV_LINE = re.compile(r"KV buffer size\s*=\s*([\d.]+)\s*MiB")
+_kv_buffer_mib: list[float] = []
+_log_lock = threading.Lock()
+
+
+@L.llama_log_callback
+def _on_llama_log(level: int, text: bytes, _user: Any) -> None:
+    msg = text.decode("utf-8", "replace").rstrip()
+    if m := _KV_LINE.search(msg):
+        _kv_buffer_mib.append(float(m.group(1)))
+    if msg:
+        log.debug("%s", msg)
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _log_lock:
+        if not _backend_ready:
+            L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _backend_ready = True
+
+
+def _load_model(path: str | Path, vocab_only: bool) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"model file {path} not found: run `make model` (or `make bench-model`)")
+    _init_backend()
+    params = L.llama_model_default_params()
+    params.vocab_only = vocab_only
+    model = L.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ModelLoadError(f"cannot load {path}: corrupt or unsupported GGUF; re-run `make model`")
+    return model
+
+
+def _meta(model: Any, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def _meta_scalars(model: Any) -> dict[str, str]:
+    """Every scalar GGUF metadata entry (llama.cpp keeps no arrays here), as text."""
+    out: dict[str, str] = {}
+    for i in range(L.llama_model_meta_count(model)):
+        key = _by_index(L.llama_model_meta_key_by_index, model, i)
+        value = _by_index(L.llama_model_meta_val_str_by_index, model, i)
+        if key is not None and value is not None:
+            out[key] = value
+    return out
+
+
+def _by_index(fn: Any, model: Any, i: int) -> str | None:
+    buf = ctypes.create_string_buffer(1 << 12)
+    n = fn(model, i, buf, len(buf))
+    if n >= len(buf):  # snprintf semantics: the full length; retry with room for it
+        buf = ctypes.create_string_buffer(n + 1)
+        n = fn(model, i, buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+# llama.cpp's file types (GGUF general.file_type) by number: "Q4_1", "Q4_K_M", "F16", ...
+FILE_TYPES: dict[int, str] = {
+    getattr(L, n): n.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
+    for n in dir(L)
+    if n.startswith("LLAMA_FTYPE_") and n != "LLAMA_FTYPE_GUESSED"
+}
+# Named special tokens, as llama_vocab_<name> returns them (GetModelInfo's order).
+SPECIAL_TOKEN_NAMES: tuple[str, ...] = ("bos", "eos", "eot", "sep", "pad", "mask")  # (llama_vocab_cls is BOS)
+SPECIAL_TOKEN_NAMES += ("fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+
+
+class Vocab:
+    """Tokenizer, token byte pieces, end-of-generation ids and the chat template."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.ptr = L.llama_model_get_vocab(model)
+        self.n_vocab: int = L.llama_vocab_n_tokens(self.ptr)
+        self.add_bos: bool = bool(L.llama_vocab_get_add_bos(self.ptr))
+        self.bos_id: int = L.llama_vocab_bos(self.ptr)
+        self.eos_id: int = L.llama_vocab_eos(self.ptr)
+        self.token_bytes: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
+        self.eog_ids = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.ptr, t))
+        self.bos_text = (
+            self._piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else ""
+        )
+        self.eos_text = (
+            self._piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else ""
+        )
+        tmpl = L.llama_model_chat_template(model, None)
+        self.chat_template: str | None = tmpl.decode("utf-8", "replace") if tmpl else None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocab:
+        """Load only the vocabulary of a GGUF file (fast; no weights)."""
+        return cls(_load_model(path, vocab_only=True))
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, special)
+        return bytes(buf.raw[:n])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS when the model wants it."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def ll_tokenizer(self) -> Any:
+        """An llguidance tokenizer for this vocabulary (about 1 s; build once per model)."""
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        return lltokenizer_from_vocab(self.ptr, eos_token=sorted(self.eog_ids) or self.eos_id)
+
+    def piece(self, token: int, special: bool) -> bytes:
+        """The bytes of ``token``; ``special`` renders control tokens (BOS, chat markers) as their text.
+
+        NOTE: llama.cpp renders a control token as nothing unless asked for its
+        text, and every other token the same either way: only empty pieces differ.
+        """
+        data = self.token_bytes[token]
+        return self._piece(token, special=True) if special and not data else data
+
+    def special_tokens(self) -> list[tuple[str, int, bytes]]:
+        """``(name, id, text)`` of the named special tokens the vocabulary has, then the other
+        end-of-generation tokens as "eog"."""
+        found = []
+        for name in SPECIAL_TOKEN_NAMES:
+            token = int(getattr(L, f"llama_vocab_{name}")(self.ptr))
+            if 0 <= token < self.n_vocab:
+                found.append((name, token, self.piece(token, special=True)))
+        named = {t for _, t, _ in found}
+        return found + [("eog", t, self.piece(t, special=True)) for t in sorted(self.eog_ids - named)]
+
+
+def chat_formatter(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict[str, Any]]], str]:
+    """llama-cpp-python's Jinja2 chat formatter for ``template`` as ``render(messages) -> prompt``.
+
+    Raises what jinja2 raises for a template that does not compile; rendering
+    raises ValueError when the template calls ``raise_exception``.
+    """
+    fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
+    return lambda messages: fmt(messages=messages).prompt  # type: ignore[arg-type]
+
+
+# NOTE: ggml's CPU flash attention switches to a tiled kernel once a batch has
+# 64 or more query rows. That kernel skips only KV tiles masked for *every* row
+# of a query tile. Rows of one prompt share a few tiles, so a long single prompt
+# is fastest there; but decode rows of many sequences in a unified pool touch
+# every tile, and the kernel then computes attention over all n_kv cells for
+# every row. Measured here (Gemma 3 270M, 32 decoding sequences ~250 tokens
+# long): decode alone 191 ms, + 31 prompt tokens 254 ms, + 32 prompt tokens
+# 670 ms. Hence the scheduler keeps steps that contain decode rows below 64
+# tokens and gives long prefill steps of their own (see Scheduler).
+MIXED_BATCH_MAX = 63
+# Logits rows beyond one per lane: the scheduler's per-step bound on rows of
+# prompt log-probabilities (``Scheduler.prompt_rows``).
+PROMPT_ROWS = 32
+
+
+class ModelRunner:
+    """A llama.cpp model + context with a unified KV pool, driven one batch per call.
+
+    Not thread-safe: only the engine thread calls ``decode`` and ``apply_kv_ops``.
+    """
+
+    def __init__(
+        self, model_path: str | Path, *, n_ctx: int, step_tokens: int, n_lanes: int, n_threads: int
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.model = _load_model(model_path, vocab_only=False)
+        self.vocab = Vocab(self.model)
+        self.n_ctx_train: int = L.llama_model_n_ctx_train(self.model)
+        _kv_buffer_mib.clear()
+        params = L.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = step_tokens
+        params.n_seq_max = n_lanes
+        # NOTE: llama.cpp sizes its logits buffer as n_vocab x n_outputs_max rows and
+        # requires n_outputs_max >= n_seq_max: one row per lane, plus PROMPT_ROWS for
+        # steps that need logits at several positions of one sequence (prompt
+        # log-probabilities). Extra rows cost n_vocab x 4 bytes each.
+        params.n_outputs_max = max(n_lanes, 1) + PROMPT_ROWS
+        params.n_threads = params.n_threads_batch = n_threads
+        params.kv_unified = True
+        # NOTE: full-size SWA cache so a shared prefix keeps every cell it needs
+        # (a pruned sliding window would make prefix reuse incorrect).
+        params.swa_full = True
+        params.no_perf = True
+        self.ctx = L.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise ModelLoadError(f"cannot create a llama.cpp context for {model_path} (n_ctx={n_ctx})")
+        self.n_ctx: int = L.llama_n_ctx(self.ctx)
+        self.step_tokens = step_tokens
+        self.n_lanes = n_lanes
+        self.n_threads = n_threads
+        self.mixed_batch_max = MIXED_BATCH_MAX
+        self.prompt_rows = PROMPT_ROWS
+        self.mem = L.llama_get_memory(self.ctx)
+        self.kv_buffer_bytes = int(sum(_kv_buffer_mib) * 1024 * 1024)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self._init_batch(step_tokens)
+
+    def _kv_bytes_per_token(self) -> int:
+        """K+V bytes per token over all layers (f16 cache), from the GGUF metadata."""
+        arch = _meta(self.model, "general.architecture") or ""
+        layers = L.llama_model_n_layer(self.model)
+        heads_kv = int(
+            _meta(self.model, f"{arch}.attention.head_count_kv") or L.llama_model_n_head_kv(self.model)
+        )
+        n_embd, n_head = L.llama_model_n_embd(self.model), L.llama_model_n_head(self.model)
+        k_len = int(_meta(self.model, f"{arch}.attention.key_length") or n_embd // n_head)
+        v_len = int(_meta(self.model, f"{arch}.attention.value_length") or n_embd // n_head)
+        return layers * heads_kv * (k_len + v_len) * 2
+
+    def _init_batch(self, cap: int) -> None:
+        # NOTE: our own llama_batch whose arrays are numpy buffers, so a step fills
+        # them with a few vectorised assignments instead of per-token ctypes writes.
+        self._tok = np.zeros(cap, dtype=np.int32)
+        self._pos = np.zeros(cap, dtype=np.int32)
+        self._nseq = np.ones(cap, dtype=np.int32)
+        self._sid = np.zeros(cap, dtype=np.int32)
+        self._want = np.zeros(cap, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        base = self._sid.ctypes.data
+        self._sid_ptrs = (i32p * cap)(*[ctypes.cast(base + 4 * i, i32p) for i in range(cap)])
+        b: Any = L.llama_batch()  # NOTE: fields are typed as arrays in the stubs; we store pointers
+        b.token = self._tok.ctypes.data_as(i32p)
+        b.embd = None
+        b.pos = self._pos.ctypes.data_as(i32p)
+        b.n_seq_id = self._nseq.ctypes.data_as(i32p)
+        b.seq_id = ctypes.cast(self._sid_ptrs, ctypes.POINTER(i32p))
+        b.logits = self._want.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self._batch = b
+
+    def decode(
+        self, tokens: np.ndarray, positions: np.ndarray, lanes: np.ndarray, want: np.ndarray
+    ) -> np.ndarray:
+        """Run ONE ``llama_decode`` over a mixed batch; return the logits rows of ``want`` tokens.
+
+        The result is a (n_out, n_vocab) float32 view valid until the next call;
+        rows follow the order of the tokens whose ``want`` flag is set.
+        """
+        n = len(tokens)
+        if n == 0 or n > self.step_tokens:
+            raise ValueError(f"batch of {n} tokens outside 1..{self.step_tokens}")
+        self._tok[:n], self._pos[:n], self._sid[:n], self._want[:n] = tokens, positions, lanes, want
+        self._batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        n_out = int(np.count_nonzero(want))
+        ptr = L.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab.n_vocab))
+
+    def apply_kv_ops(self, ops: Iterable[KVOp]) -> None:
+        """Apply the KV manager's cell operations in order."""
+        for op in ops:
+            if op.kind == "rm":
+                L.llama_memory_seq_rm(self.mem, op.lane, op.p0, op.p1)
+            else:
+                L.llama_memory_seq_cp(self.mem, op.src, op.lane, op.p0, op.p1)
+
+    def set_threads(self, n: int) -> None:
+        """Compute threads of the following decodes (engine thread only, between decodes)."""
+        L.llama_set_n_threads(self.ctx, n, n)
+        self.n_threads = n
+
+    def clear_kv(self) -> None:
+        L.llama_memory_clear(self.mem, True)
+
+    def model_info(self) -> dict[str, Any]:
+        """Facts about the loaded model for GetModelInfo, as plain values.
+
+        Keys: architecture, name, parameter_count, quantization, description,
+        embedding_length, layers, training_context, file_size_bytes, metadata
+        (every scalar GGUF entry as text).
+        """
+        meta = _meta_scalars(self.model)
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.model, buf, len(buf))
+        desc = buf.value.decode("utf-8", "replace")
+        ftype = meta.get("general.file_type", "")
+        quant = FILE_TYPES.get(int(ftype), "") if ftype.isdigit() else ""
+        return {
+            "architecture": meta.get("general.architecture", ""),
+            "name": meta.get("general.name", ""),
+            "parameter_count": int(L.llama_model_n_params(self.model)),
+            "quantization": quant or desc.rsplit(" ", 1)[-1],  # no file_type: llama.cpp's guess
+            "description": desc,
+            "embedding_length": int(L.llama_model_n_embd(self.model)),
+            "layers": int(L.llama_model_n_layer(self.model)),
+            "training_context": int(self.n_ctx_train),
+            "file_size_bytes": self.model_path.stat().st_size,
+            "metadata": meta,
+        }
+
+    def close(self) -> None:
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None

@@ -1,0 +1,1 @@
+"""Telemetry (OpenTelemetry traces and metrics), engine metrics and the GetMetrics view."""

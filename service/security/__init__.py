@@ -1,0 +1,1 @@
+"""Tenants, bearer-token auth, per-tenant quotas and TLS credentials."""

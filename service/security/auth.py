@@ -1,0 +1,177 @@
+"""Token (and mTLS identity) authentication: a grpc.aio server interceptor.
+
+Every call to a service that is not open (health and reflection are open by
+default, see ``open_services`` in the tenants file) needs a tenant:
+
+* ``authorization: Bearer <token>`` metadata whose SHA-256 is in the tenants
+  file (compared in constant time), or else
+* with mTLS on, a client certificate whose SAN URI or subject CN is one of a
+  tenant's ``identities``.
+
+No tenant: UNAUTHENTICATED. A tenant without the method's role (GetMetrics
+needs ``admin``, the rest ``user``; ``admin`` includes ``user``):
+PERMISSION_DENIED. Token rejections are decided from the metadata alone, before
+the request message is even deserialized, so nothing reaches the servicer or
+the engine. The authenticated tenant's name is put in ``CURRENT_TENANT`` (a
+contextvar) for the servicer to stamp on the request. Tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
+
+import grpc
+
+from service.security.tenants import ANONYMOUS, Tenant, TenantFile, TenantTable
+
+log = logging.getLogger("service.auth")
+
+CURRENT_TENANT: ContextVar[str] = ContextVar("inference_tenant", default=ANONYMOUS)
+ADMIN_METHODS = frozenset({"GetMetrics"})
+Denial = tuple[grpc.StatusCode, str]
+
+
+def current_tenant() -> str:
+    """The tenant of the RPC being handled (``anonymous`` without authentication)."""
+    return CURRENT_TENANT.get()
+
+
+def bearer_token(metadata: Any) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` entry, or None."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def peer_identities(context: Any) -> list[str]:
+    """A verified client certificate's SAN URIs and subject CN (empty without mTLS)."""
+    auth = context.auth_context() or {}
+    out: list[str] = []
+    for key in ("peer_spiffe_id", "peer_uri", "x509_common_name"):
+        out.extend(v.decode() for v in auth.get(key, ()))
+    return out
+
+
+def _role_check(tenant: Tenant, method: str) -> Denial | None:
+    needed = "admin" if method in ADMIN_METHODS else "user"
+    if needed in tenant.roles or "admin" in tenant.roles:
+        return None
+    return (
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"tenant {tenant.name!r} may not call {method} (needs role {needed})",
+    )
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates every call against the tenants file; see the module docstring."""
+
+    def __init__(self, tenants: TenantFile, mtls: bool = False) -> None:
+        self.tenants = tenants
+        self.mtls = mtls
+        self.denied = 0
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        service, _, method = details.method.lstrip("/").partition("/")
+        table = self.tenants.table
+        if service in table.open_services:
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is None:
+            return handler  # unknown method: UNIMPLEMENTED as usual
+        token = bearer_token(details.invocation_metadata)
+        if token is None and self.mtls:
+            return _wrap(handler, lambda ctx: self._by_identity(table, ctx, method))
+        tenant = table.by_token(token) if token is not None else None
+        if tenant is None:
+            why = "invalid bearer token" if token else "missing 'authorization: Bearer <token>' metadata"
+            return self._deny(handler, (grpc.StatusCode.UNAUTHENTICATED, why))
+        denial = _role_check(tenant, method)
+        if denial is not None:
+            return self._deny(handler, denial)
+        return _wrap(handler, lambda _ctx: tenant.name)
+
+    def _by_identity(self, table: TenantTable, context: Any, method: str) -> str | Denial:
+        identities = peer_identities(context)
+        tenant = table.by_identity(identities) if identities else None
+        if tenant is None:
+            self.denied += 1
+            why = "client certificate names no tenant" if identities else "missing bearer token"
+            return grpc.StatusCode.UNAUTHENTICATED, why
+        denial = _role_check(tenant, method)
+        if denial is not None:
+            self.denied += 1
+            return denial
+        return tenant.name
+
+    def _deny(self, handler: grpc.RpcMethodHandler, denial: Denial) -> grpc.RpcMethodHandler:
+        self.denied += 1
+        log.debug("call refused: %s: %s", denial[0].name, denial[1])
+        return _refusal(handler, denial)
+
+
+def _refusal(handler: Any, denial: Denial) -> grpc.RpcMethodHandler:
+    """A handler of the same shape that aborts at once; it never deserializes the request."""
+    code, message = denial
+
+    async def unary(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    async def streaming(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+        yield  # pragma: no cover - never reached; makes this an async generator
+
+    serializer = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming, None, serializer)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary, None, serializer)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(streaming, None, serializer)
+    return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
+
+
+def _wrap(handler: Any, authorize: Callable[[Any], str | Denial]) -> grpc.RpcMethodHandler:
+    """The same handler, run with ``CURRENT_TENANT`` set to what ``authorize(context)`` says (or refused)."""
+
+    async def admit(context: Any) -> None:
+        verdict = authorize(context)
+        if isinstance(verdict, tuple):
+            await context.abort(*verdict)
+        CURRENT_TENANT.set(verdict)  # type: ignore[arg-type]
+
+    if handler.response_streaming:
+        kind = "stream_stream" if handler.request_streaming else "unary_stream"
+        behavior = getattr(handler, kind)
+
+        async def streaming(request: Any, context: Any) -> Any:
+            await admit(context)
+            result = behavior(request, context)
+            if hasattr(result, "__aiter__"):
+                async for item in result:
+                    yield item
+            else:
+                for item in result:
+                    yield item
+
+        return handler._replace(**{kind: streaming})
+    kind = "stream_unary" if handler.request_streaming else "unary_unary"
+    behavior = getattr(handler, kind)
+
+    async def unary(request: Any, context: Any) -> Any:
+        await admit(context)
+        result = behavior(request, context)
+        return await result if inspect.isawaitable(result) else result
+
+    return handler._replace(**{kind: unary})

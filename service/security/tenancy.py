@@ -1,0 +1,82 @@
+"""The tenants of one server, in one object: file, authentication, quotas and fair-share counters.
+
+Without ``--auth-tokens`` there is one tenant, ``anonymous``: no interceptor,
+no quotas, no fair-share work in the scheduler (the service behaves as before).
+With it, ``interceptors()`` authenticates calls (``service.security.auth``), ``submit``
+applies the tenant's quotas before the engine sees the request
+(``service.security.quotas``), and ``fair`` (unless ``--no-fair-share``) orders each
+priority tier by tenant (``service.scheduler.fair_share``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from service.request.sequence import Sequence
+from service.scheduler.fair_share import FairShare
+from service.security.auth import AuthInterceptor
+from service.security.quotas import TenantQuotas
+from service.security.tenants import ANONYMOUS, Tenant, TenantFile
+
+log = logging.getLogger("service.auth")
+
+
+class Tenancy:
+    """Tenant lookups, quotas and counters for the servicer, scheduler and metrics."""
+
+    def __init__(self, file: TenantFile | None = None, fair_share: bool = True) -> None:
+        self.file = file
+        self.quotas = TenantQuotas()
+        self.fair = FairShare(self.weight) if file is not None and fair_share else None
+        self.auth: AuthInterceptor | None = None
+
+    @classmethod
+    def from_file(cls, path: str, fair_share: bool = True) -> Tenancy:
+        """From ``--auth-tokens`` (empty: no tenants) and ``--fair-share``; a bad file raises (fatal at start)."""
+        return cls(TenantFile(path) if path else None, fair_share)
+
+    @property
+    def enabled(self) -> bool:
+        return self.file is not None
+
+    def interceptors(self, mtls: bool = False) -> list[Any]:
+        """The authentication interceptor (none without a tenants file)."""
+        if self.file is None:
+            return []
+        self.auth = AuthInterceptor(self.file, mtls=mtls)
+        return [self.auth]
+
+    def tenant(self, name: str) -> Tenant | None:
+        return self.file.table.tenants.get(name) if self.file is not None else None
+
+    def weight(self, name: str) -> float:
+        tenant = self.tenant(name)
+        return tenant.weight if tenant is not None else 1.0
+
+    def names(self) -> list[str]:
+        """Tenants of the file (bounded: metrics label values come only from here)."""
+        return sorted(self.file.table.tenants) if self.file is not None else [ANONYMOUS]
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the tenants file now."""
+        if self.file is not None:
+            self.file.reload()
+
+    def submit(self, seq: Sequence, submit: Callable[[Sequence], None]) -> None:
+        """Apply ``seq.tenant``'s quotas, then ``submit(seq)``; raises QuotaExceeded (a QueueFull)."""
+        self.quotas.submit(seq, self.tenant(seq.tenant), submit)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per-tenant figures for GetMetrics: the file's tenants (or ``anonymous``), sorted by name."""
+        names = self.names()
+        books = self.quotas.snapshot(names)
+        counters = self.fair.snapshot() if self.fair is not None else {}
+        rows = []
+        for name in names:
+            row: dict[str, Any] = {"tenant": name, "weight": self.weight(name)}
+            row.update(books.get(name, {}))
+            row["service"] = counters.get(name, 0.0)
+            rows.append(row)
+        return rows

@@ -1,0 +1,1 @@
+"""Compute threads: the cgroup CPU quota, the thread governor and the adaptive-threads controller."""
