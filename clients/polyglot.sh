@@ -59,13 +59,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Certificates and a tenants file for the token checks (tests/certs.py, cryptography).
+# Certificates and a tenants file for the token checks (tests/support/certs.py, cryptography).
 TOKEN="polyglot-token-$RANDOM$RANDOM"
 "$PY" - "$WORK" "$TOKEN" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
 sys.path.insert(0, ".")
-from tests.certs import CA
+from tests.support.certs import CA
 folder, token = Path(sys.argv[1]), sys.argv[2]
 ca = CA("polyglot CA")
 (folder / "ca.crt").write_bytes(ca.pem)

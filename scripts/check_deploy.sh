@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks deploy/: the Prometheus alert rules (`promtool check rules`, then their unit tests with
 # `promtool test rules`). Called by .ci/run after `make test` (which checks the Grafana dashboard's
-# metric names against a live server: tests/test_dashboard.py).
+# metric names against a live server: tests/model/deploy/test_dashboard.py).
 #
 # promtool comes from Debian's `prometheus` package. NOTE: the package is downloaded and only its
 # promtool binary is unpacked into .deploy-tools/ (no install: installing would also set up a

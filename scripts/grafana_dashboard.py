@@ -2,7 +2,7 @@
 
 Usage: ``python scripts/grafana_dashboard.py [--check]`` writes the JSON (``--check``:
 exit 1 if the committed file differs). Every query names metrics the server
-exports for Prometheus (``--prometheus-port``); ``tests/test_dashboard.py``
+exports for Prometheus (``--prometheus-port``); ``tests/model/deploy/test_dashboard.py``
 checks them against a live server's scrape and that the file is up to date.
 
 The dashboard has a ``datasource`` variable (any Prometheus) and an

@@ -1,101 +1,26 @@
-"""Shared fixtures: a real in-process gRPC server on port 0 with the real default model.
+"""Fixtures for every test folder: the shared session server (real default model) and a channel to it.
 
-The server runs on its own event loop in a background thread, so both sync
-tests (blocking stubs) and async tests can talk to it. After every engine
-step the KV manager's ``check_integrity`` runs; violations are collected and
-asserted empty by ``assert_kv_clean``.
+The servers themselves (``RunningServer``, ``start_server``, ``server_config``, ``wait_idle``,
+``assert_kv_clean``) are in tests/support/server.py.
+
+Layout: ``tests/unit/<package>/`` holds the tests of one service package (or of the client, ``client``)
+that need no model weights; ``tests/model/<area>/`` the tests that load the default model or start a
+real server. ``tests/support/`` holds the shared helpers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
-from service.config import ServerConfig
-from service.server import InferenceServer
+from tests.support.server import RunningServer, start_server
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-# Server processes started by tests keep batch jobs in memory, not in ./data (tests/test_batch.py passes files).
+# Server processes started by tests keep batch jobs in memory, not in ./data
+# (tests/model/batch/test_batch.py passes files).
 os.environ.setdefault("INFERENCE_BATCH_DB", ":memory:")
-
-
-@dataclass
-class RunningServer:
-    """A server on its own loop thread; ``call`` runs a coroutine there."""
-
-    config: ServerConfig
-    server: InferenceServer = field(init=False)
-    loop: asyncio.AbstractEventLoop = field(init=False)
-    violations: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
-        self._thread.start()
-        self.server = InferenceServer(self.config)
-        self.call(self.server.start())
-        assert self.server.engine is not None
-        self.server.engine.step_hook = self._check
-
-    def _check(self, engine: Any) -> None:
-        try:
-            engine.kv.check_integrity(engine.scheduler.running)
-        except AssertionError as exc:  # recorded, asserted by tests
-            self.violations.append(str(exc))
-
-    def call(self, coro: Any, timeout: float = 300) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def engine(self) -> Any:
-        return self.server.engine
-
-    def close(self) -> None:
-        self.call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-
-
-def server_config(**overrides: Any) -> ServerConfig:
-    """The test servers' configuration: the default model, port 0, a small pool; ``overrides`` win."""
-    if not DEFAULT_MODEL.is_file():
-        pytest.fail(f"{DEFAULT_MODEL} missing: run `make model`")
-    base: dict[str, Any] = dict(
-        model=str(DEFAULT_MODEL),
-        host="127.0.0.1",
-        port=0,
-        ctx=4096,
-        max_running=8,
-        kv_lanes=64,
-        step_tokens=128,
-        threads=2,
-        batch_db=":memory:",  # batch jobs of one test server never outlive it (tests/test_batch.py uses files)
-        # NOTE: off for the engine tests (a repeated greedy request would be replayed, identical ones
-        # coalesced); the response-cache tests turn it on (tests/test_response_cache.py).
-        response_cache_bytes=0,
-    )
-    return ServerConfig(**{**base, **overrides})
-
-
-def start_server(**overrides: Any) -> RunningServer:
-    return RunningServer(server_config(**overrides))
 
 
 @pytest.fixture(scope="session")
@@ -119,22 +44,3 @@ def _kv_integrity_of_this_test(request: pytest.FixtureRequest) -> Iterator[None]
 def channel(server: RunningServer) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(server.target) as ch:
         yield ch
-
-
-def wait_idle(srv: RunningServer, timeout: float = 30.0) -> None:
-    """Block until the engine has no waiting or running sequences."""
-    import time
-
-    end = time.monotonic() + timeout
-    while srv.engine.scheduler.has_work() and time.monotonic() < end:
-        time.sleep(0.01)
-    assert not srv.engine.scheduler.has_work(), "engine still busy"
-
-
-def assert_kv_clean(srv: RunningServer) -> None:
-    """No integrity violation so far, nothing running, and no block referenced."""
-    wait_idle(srv)
-    assert srv.violations == [], srv.violations[:3]
-    kv = srv.engine.kv
-    assert kv.num_used == 0, f"{kv.num_used} blocks still referenced after all requests ended"
-    kv.check_integrity([])

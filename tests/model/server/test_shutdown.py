@@ -1,0 +1,208 @@
+"""Graceful shutdown of the real server process (``python -m service``) under load.
+
+SIGTERM -> health NOT_SERVING -> new requests UNAVAILABLE -> in-flight requests
+finish within --grace-seconds -> the rest end with an UNAVAILABLE error event
+-> exit code 0. No accepted request may be lost: each gets a final event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+from tests.support.helpers import OpenStream, req
+from tests.support.server import DEFAULT_MODEL
+
+pytestmark = pytest.mark.model
+ROOT = Path(__file__).resolve().parents[3]
+GRACE_S = 5.0
+SHORT = [f"short-{i}" for i in range(3)]
+LONG = [f"long-{i}" for i in range(3)]
+SHORT_TOKENS = 24
+
+
+class ServerProcess:
+    """``python -m service`` on a free port; stderr lines are collected on a thread."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "service",
+            "--model",
+            str(DEFAULT_MODEL),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--threads",
+            "2",
+            "--ctx",
+            "4096",
+            "--max-running",
+            "8",
+            "--kv-lanes",
+            "64",
+            "--step-tokens",
+            "128",
+            # NOTE: identical greedy requests must each run here, not be coalesced by the response cache.
+            "--response-cache-bytes",
+            "0",
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip("\n"))
+            self.lines.put(line)
+
+    def wait_for(self, needle: str, timeout: float = 120) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None, "server exited:\n" + "\n".join(self.log)
+                continue
+            if needle in line:
+                return line
+        raise AssertionError(f"no {needle!r} in the log:\n" + "\n".join(self.log))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _health(channel: grpc.Channel) -> int:
+    request = health_pb2.HealthCheckRequest(service="")
+    return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
+
+
+def _finals(stream: OpenStream, ids: set[str], timeout: float) -> dict[str, pb.GenerateResponse]:
+    """Read events until every id in ``ids`` has its final (done or error) event."""
+    finals: dict[str, pb.GenerateResponse] = {}
+    end = time.monotonic() + timeout
+    while set(finals) != ids:
+        ev = stream.next_event(timeout=max(0.1, end - time.monotonic()))
+        if ev.WhichOneof("event") != "delta":
+            assert ev.request_id not in finals, f"two final events for {ev.request_id}"
+            finals[ev.request_id] = ev
+    return finals
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_zero() -> None:
+    metrics_port = free_port()
+    srv = ServerProcess(
+        "--grace-seconds",
+        str(GRACE_S),
+        "--prometheus-port",
+        str(metrics_port),
+        env={"INFERENCE_LOG_FORMAT": "json"},
+    )
+    try:
+        listening = json.loads(srv.wait_for("listening on"))["msg"]
+        target = listening.split()[2].rstrip(";")
+        srv.wait_for("SERVING after")
+        with grpc.insecure_channel(target) as ch:
+            _run_load_and_terminate(srv, ch, target, metrics_port)
+        assert srv.proc.wait(GRACE_S + 30) == 0, "\n".join(srv.log)
+    finally:
+        srv.kill()
+    records = [json.loads(line) for line in srv.log]  # every line is a JSON object
+    failed = {r.get("request_id") for r in records if r["msg"].startswith("request failed: UNAVAILABLE")}
+    assert set(LONG) <= failed, "cancelled requests are logged with their request_id"
+    assert any(r["msg"] == "stopped" for r in records)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepted(metrics_port: int) -> float:
+    """inference_requests_accepted_total for the interactive tier, scraped from --prometheus-port."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return float(
+        next(
+            line
+            for line in text.splitlines()
+            if line.startswith("inference_requests_accepted_total{")
+            and 'inference_priority="interactive"' in line
+        ).split()[-1]
+    )
+
+
+def _start_load(stream: OpenStream, metrics_port: int) -> None:
+    """Long requests running and counted by the Prometheus endpoint, then short ones running too."""
+    for rid in LONG:
+        stream.send(req(rid, "Tell me a very long story about dragons.", 3000, ignore_eos=True))
+    assert stream.next_event(timeout=60).WhichOneof("event") == "delta"
+    end = time.monotonic() + 10
+    while _accepted(metrics_port) < len(LONG):  # --prometheus-port serves the live figures
+        assert time.monotonic() < end, "Prometheus endpoint does not count the accepted requests"
+        time.sleep(0.1)
+    for rid in SHORT:
+        stream.send(req(rid, "The capital of France is", SHORT_TOKENS, ignore_eos=True))
+    while True:  # SIGTERM comes while the short requests are generating
+        ev = stream.next_event(timeout=60)
+        assert ev.WhichOneof("event") == "delta", ev
+        if ev.request_id in SHORT:
+            return
+
+
+def _run_load_and_terminate(srv: ServerProcess, ch: grpc.Channel, target: str, metrics_port: int) -> None:
+    assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+    stream = OpenStream(ch)
+    _start_load(stream, metrics_port)
+    srv.proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    while _health(ch) != health_pb2.HealthCheckResponse.NOT_SERVING:
+        assert time.monotonic() - t0 < GRACE_S, "health still SERVING after SIGTERM"
+        time.sleep(0.02)
+    # New work is refused while draining: on the open stream and as a new RPC.
+    stream.send(req("late", "Too late", 8))
+    with grpc.insecure_channel(target) as fresh, pytest.raises(grpc.RpcError) as refused:
+        list(pb_grpc.InferenceServiceStub(fresh).Generate(iter([req("new-rpc", "Hello", 8)]), timeout=10))
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finals = _finals(stream, {*SHORT, *LONG, "late"}, timeout=GRACE_S + 20)
+    stream.close()
+    stream.join(30)
+    for rid in SHORT:
+        assert finals[rid].WhichOneof("event") == "done", finals[rid]
+        assert finals[rid].done.usage.completion_tokens == SHORT_TOKENS
+    for rid in [*LONG, "late"]:
+        assert finals[rid].WhichOneof("event") == "error", finals[rid]
+        assert finals[rid].error.status == "UNAVAILABLE"
+    assert "shutting down" in finals["late"].error.message
+    assert "grace period" in finals[LONG[0]].error.message
+    elapsed = time.monotonic() - t0
+    assert GRACE_S - 0.5 < elapsed < GRACE_S + 10, f"long requests were cancelled after {elapsed:.1f} s"
