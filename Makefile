@@ -10,7 +10,7 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
 ARGS ?=
 
-.PHONY: setup serve test unit lint stubs model bench-model bench bench-env soak polyglot semantic clean help
+.PHONY: setup serve test unit lint docs stubs model bench-model bench bench-env soak polyglot semantic clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
 	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
 	@echo "make lint    - ruff, mypy, import-linter (the dependency rule) and buf lint"
+	@echo "make docs    - regenerate docs/configuration.md from service/config.py (a test fails when stale)"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"
 	@echo "make semantic - install the optional semantic response cache (requirements-semantic.txt)"
 
@@ -75,6 +76,11 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	bash scripts/buf.sh lint
+
+# docs/configuration.md is generated from service/config.py's HELP; tests/unit/test_configuration_doc.py
+# fails when it is stale.
+docs: $(STAMP)
+	$(PY) scripts/config_doc.py
 
 # The bench environment adds llama-cpp-python's own server (the peer we compare against).
 bench-env: setup
