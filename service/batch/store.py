@@ -3,7 +3,7 @@
 A job is a row of options and a state; its items are rows of (custom_id, the
 serialized request, a state, and once finished a result). Implementations:
 ``service.batch.sqlite_store.SqliteJobStore`` (embedded, the default); the
-plan for a shared PostgreSQL one is in docs/batch.md. tests/test_batch_store.py
+plan for a shared PostgreSQL one is in docs/batch.md. tests/unit/batch/test_batch_store.py
 holds the contract every implementation must pass.
 
 Contract (every implementation):

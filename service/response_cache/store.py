@@ -1,6 +1,6 @@
 """Where answers are kept: a small interface, an in-memory LRU bounded in bytes, SQLite persistence.
 
-Contract of every ``ResponseStore`` (``tests/test_response_cache_unit.py`` runs
+Contract of every ``ResponseStore`` (``tests/unit/response_cache/test_response_cache_unit.py`` runs
 the same contract tests against each implementation):
 
 * ``get`` returns what ``put`` stored under the key until its TTL passes, then
