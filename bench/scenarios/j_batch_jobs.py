@@ -23,11 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 from inference.v1 import batch_pb2 as bpb
-from inference.v1 import batch_pb2_grpc as bpb_grpc
-from inference.v1 import inference_pb2 as pb
 
+from bench.harness.batch_jobs import FINAL, all_results, get, item, submit, wait
 from bench.harness.config import BenchConfig, say
 from bench.harness.grpc_load import BATCH, ReqResult, channel, closed_loop
 from bench.harness.mixed_load import WindowMeter, interactive
@@ -35,13 +33,6 @@ from bench.harness.procs import GrpcServer
 from bench.harness.prompts import PromptMaker
 from bench.harness.stats import latency_summary, ratio
 from bench.harness.tables import fmt, table, verdict
-
-FINAL = {
-    bpb.BATCH_STATE_COMPLETED,
-    bpb.BATCH_STATE_FAILED,
-    bpb.BATCH_STATE_CANCELLED,
-    bpb.BATCH_STATE_EXPIRED,
-}
 
 
 @dataclass(frozen=True)
@@ -77,43 +68,6 @@ def _flags(cap: int | None = None, db: Path | None = None) -> list[str]:
     return out
 
 
-def _item(cid: str, prompt: str, tokens: int) -> bpb.BatchItem:
-    sp = pb.SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    return bpb.BatchItem(custom_id=cid, generate=pb.GenerateRequest(prompt=prompt, sampling=sp))
-
-
-def submit(target: str, items: list[bpb.BatchItem], key: str) -> str:
-    msgs = [bpb.CreateBatchRequest(options=bpb.BatchOptions(idempotency_key=key), items=items[:64])]
-    msgs += [bpb.CreateBatchRequest(items=items[i : i + 64]) for i in range(64, len(items), 64)]
-    with grpc.insecure_channel(target) as ch:
-        return str(bpb_grpc.BatchServiceStub(ch).CreateBatch(iter(msgs), timeout=600).batch.id)
-
-
-def get(target: str, batch_id: str) -> bpb.Batch:
-    with grpc.insecure_channel(target) as ch:
-        return (
-            bpb_grpc.BatchServiceStub(ch).GetBatch(bpb.GetBatchRequest(batch_id=batch_id), timeout=30).batch
-        )
-
-
-def wait(
-    target: str, batch_id: str, until: Any = lambda b: b.state in FINAL, timeout_s: float = 3600
-) -> bpb.Batch:
-    """Block on WatchBatch (server push every 200 ms at most; one channel, no polling) until ``until``."""
-    req = bpb.WatchBatchRequest(batch_id=batch_id, min_interval_ms=200)
-    with grpc.insecure_channel(target) as ch:
-        for ev in bpb_grpc.BatchServiceStub(ch).WatchBatch(req, timeout=timeout_s):
-            if until(ev.batch):
-                return ev.batch
-    raise TimeoutError(f"batch {batch_id}: the watch ended before the condition held")
-
-
-def all_results(target: str, batch_id: str) -> list[bpb.GetBatchResultsResponse]:
-    with grpc.insecure_channel(target) as ch:
-        req = bpb.GetBatchResultsRequest(batch_id=batch_id)
-        return list(bpb_grpc.BatchServiceStub(ch).GetBatchResults(req, timeout=600))
-
-
 async def _streams(target: str, prompts: list[str], n: int, tokens: int) -> dict[str, Any]:
     groups = [prompts[i::n] for i in range(n)]
     async with channel(target) as ch:
@@ -132,7 +86,7 @@ async def _streams(target: str, prompts: list[str], n: int, tokens: int) -> dict
 
 
 def _job(target: str, prompts: list[str], tokens: int, key: str) -> dict[str, Any]:
-    items = [_item(f"t{i:05d}", p, tokens) for i, p in enumerate(prompts)]
+    items = [item(f"t{i:05d}", p, tokens) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
     batch_id = submit(target, items, key)
     upload_s = time.perf_counter() - t0
@@ -192,7 +146,7 @@ def _interactive_beside(
     label = "job" if with_job else "streams"
     with GrpcServer(f"J-interactive-{label}", cfg.model, *flags, threads=cfg.threads) as srv:
         if with_job:
-            items = [_item(f"b{i:05d}", p, plan.out_tokens) for i, p in enumerate(background)]
+            items = [item(f"b{i:05d}", p, plan.out_tokens) for i, p in enumerate(background)]
             batch_id = submit(srv.target, items, "beside-interactive")
 
         async def go() -> list[ReqResult]:
@@ -224,7 +178,7 @@ def _chaos(cfg: BenchConfig, maker: PromptMaker, plan: Plan, cap: int, db: Path)
     """Kill -9 the server after random numbers of finished items, restart it on the same database."""
     rng = random.Random(1414)
     items = [
-        _item(f"c{i:05d}", p, plan.chaos_tokens) for i, p in enumerate(maker.unique(plan.chaos_items, 30, 60))
+        item(f"c{i:05d}", p, plan.chaos_tokens) for i, p in enumerate(maker.unique(plan.chaos_items, 30, 60))
     ]
     points = sorted(rng.sample(range(1, plan.chaos_items), plan.kills))
     flags = _flags(cap, db)
