@@ -90,7 +90,7 @@ bench-env: setup
 bench: bench-env bench-model
 	$(PY) -m bench.run $(ARGS)
 
-# A benchmark, not a test: mixed load on the default model, results in bench/results/soak.json.
+# A benchmark, not a test: mixed load on the default model (bench/soak/), results in bench/results/soak.json.
 soak: bench-env
 	$(PY) -m bench.soak $(ARGS)
 
