@@ -199,7 +199,7 @@ async def _cost_run(
 
 
 def _cost(cfg: BenchConfig, load: Load, folder: Path, maker: PromptMaker) -> dict[str, Any]:
-    from tests.certs import CA
+    from tests.support.certs import CA
 
     ca = CA("bench CA")
     cert, key = ca.issue("localhost", server=True).write(folder, "server")
