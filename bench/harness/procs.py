@@ -103,8 +103,9 @@ class RssSampler:
 class _Process:
     """A server subprocess with its log file; subclasses say how to start it and when it is ready."""
 
-    def __init__(self, label: str, argv: list[str]) -> None:
+    def __init__(self, label: str, argv: list[str], source: Path = ROOT) -> None:
         self.label = label
+        self.source = source  # the checkout whose code runs (another revision for bench/studies/revisions_ab.py)
         self.port = free_port()
         self.argv = [a.replace("{port}", str(self.port)) for a in argv]
         self.log_path = logs_dir() / f"{label}.log"
@@ -123,8 +124,10 @@ class _Process:
         self._log.write(("$ " + " ".join(self.argv) + "\n").encode())
         self._log.flush()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.source != ROOT:
+            env["PYTHONPATH"] = f"{self.source}:{self.source / 'clients' / 'python'}"
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.argv, cwd=self.source, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_ready(time.monotonic() + STARTUP_TIMEOUT_S)
         except BaseException:
@@ -171,7 +174,9 @@ class _Process:
 class GrpcServer(_Process):
     """``python -m service`` on a free port; ready when grpc health says SERVING."""
 
-    def __init__(self, label: str, model: str | Path, *flags: str, threads: int | None = None) -> None:
+    def __init__(
+        self, label: str, model: str | Path, *flags: str, threads: int | None = None, source: Path = ROOT
+    ) -> None:
         argv = [PYTHON, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", "{port}"]
         if threads is not None:
             argv += ["--threads", str(threads)]
@@ -179,7 +184,7 @@ class GrpcServer(_Process):
             # NOTE: the scenarios measure the engine: repeated greedy prompts must not be replayed
             # from the response cache (scenario K measures the cache and sets its flags).
             argv += ["--response-cache-bytes", "0"]
-        super().__init__(label, argv + list(flags))
+        super().__init__(label, argv + list(flags), source)
 
     @property
     def target(self) -> str:
