@@ -15,6 +15,8 @@ from service.model.runner import ModelRunner
 from tests.support.helpers import OpenStream, req, run_stream
 from tests.support.server import DEFAULT_MODEL, RunningServer, assert_kv_clean, start_server, wait_idle
 
+pytestmark = pytest.mark.model
+
 PROMPT = "The three primary colours are red, yellow and"
 
 

@@ -11,6 +11,8 @@ from service.engine.speculator import SpecConfig
 from tests.support.helpers import MarginRecorder, assert_same_greedy, req, run_stream
 from tests.support.server import RunningServer, assert_kv_clean, wait_idle
 
+pytestmark = pytest.mark.model
+
 RECORD = (
     "Order 7731: 3 x blue ceramic mug, 1 x walnut tray, shipped to 14 Harbour Lane, Portsmouth. "
     "Order 7732: 2 x green linen napkin, shipped to 9 Mill Road, Cambridge. "

@@ -80,21 +80,21 @@ def test_tracing_off_is_the_noop_base(monkeypatch: pytest.MonkeyPatch) -> None:
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     ):
         monkeypatch.delenv(name, raising=False)
-    telemetry = make_telemetry(config())
+    telemetry = make_telemetry(ServerConfig())
     assert type(telemetry) is Telemetry and not telemetry.enabled
     assert telemetry.server_interceptors() == []
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert type(make_telemetry(config())) is Telemetry
+    assert type(make_telemetry(ServerConfig())) is Telemetry
 
 
 def test_make_telemetry_follows_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    console = make_telemetry(config(trace_console=True))
+    console = make_telemetry(ServerConfig(trace_console=True))
     assert isinstance(console, OTelTelemetry) and console.enabled and len(console.server_interceptors()) == 1
     console.shutdown()
     port = free_port()
-    metrics_only = make_telemetry(config(prometheus_port=port))
+    metrics_only = make_telemetry(ServerConfig(prometheus_port=port))
     assert isinstance(metrics_only, OTelTelemetry) and not metrics_only.enabled
     assert metrics_only.server_interceptors() == []
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).status == 200

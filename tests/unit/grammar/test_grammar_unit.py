@@ -1,6 +1,6 @@
 """Unit tests of the structured-output core (service/json_grammar.py).
 
-Needs only the default model's vocabulary (a vocab-only load, no weights).
+Runs on the tiny built vocabulary (``tiny_vocab``, tests/support/tiny_vocab.py): no model file.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import llguidance as llg
@@ -16,9 +15,6 @@ import numpy as np
 import pytest
 
 from service import json_grammar as jg
-
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 PERSON = {
     "type": "object",
@@ -29,12 +25,8 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def vocab() -> Any:
-    if not MODEL.is_file():
-        pytest.skip(f"{MODEL} missing: run `make model`")
-    from service.model.runner import Vocab
-
-    return Vocab.load(MODEL)
+def vocab(tiny_vocab: Any) -> Any:
+    return tiny_vocab
 
 
 @pytest.fixture(scope="module")
