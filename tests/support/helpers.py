@@ -14,6 +14,18 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; its last value."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= end:
+            return predicate()
+        time.sleep(interval)
+    return True
+
+
 def req(rid: str, prompt: str = "", max_tokens: int = 16, **sampling: Any) -> pb.GenerateRequest:
     extra = {k: sampling.pop(k) for k in ("priority", "messages", "response_format") if k in sampling}
     sampling.setdefault("temperature", 0.0)
