@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
@@ -229,8 +228,7 @@ def test_join_mid_generation(server: RunningServer, channel: grpc.Channel) -> No
     """A request arriving while another decodes starts before the first finishes."""
     stream = OpenStream(channel)
     stream.send(req("first", PROMPTS[4], 120, ignore_eos=True))
-    stream.next_event()
-    time.sleep(0.2)
+    assert stream.next_event().WhichOneof("event") == "delta"  # "first" is decoding
     stream.send(req("second", PROMPTS[5], 8))
     order = []
     while len(order) < 2:

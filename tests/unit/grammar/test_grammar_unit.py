@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import llguidance as llg
@@ -157,16 +156,19 @@ def test_grammar_over_parser_limits(ll_tok: Any) -> None:
 def test_compile_timeout(ll_tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     comp = jg.GrammarCompiler(ll_tok, compile_timeout_s=0.05)
     real = comp._build
+    release = threading.Event()
 
     def slow_build(kind: str, source: str) -> jg.CompiledGrammar:
-        time.sleep(0.3)
+        assert release.wait(30)  # held until the caller has timed out
         return real(kind, source)
 
     monkeypatch.setattr(comp, "_build", slow_build)
     with pytest.raises(jg.GrammarError) as ei:
         comp.compile("regex", "abc")
     assert ei.value.status == "RESOURCE_EXHAUSTED" and "exceeded" in str(ei.value)
-    time.sleep(0.4)  # the abandoned compile finishes: the timeout was not cached, the result is
+    release.set()  # the abandoned compile finishes: the timeout was not cached, the result is
+    pending, _ = comp.start("regex", "abc")
+    pending.result(timeout=30)
     compiled, hit, _ = comp.compile("regex", "abc")
     assert hit and compiled.kind == "regex"
     comp.close()
