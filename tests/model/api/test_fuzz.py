@@ -256,7 +256,12 @@ def check_terminals(gens: list[pb.GenerateRequest], events: list[pb.GenerateResp
     sent = {g.request_id: g for g in gens if not g.cancel}
     ends: dict[str, list[pb.GenerateResponse]] = {}
     for e in events:
-        if e.WhichOneof("event") in ("done", "error"):
+        kind = e.WhichOneof("event")
+        if e.request_id in sent and kind == "delta":  # nothing of a choice after its done or an error
+            ended = ends.get(e.request_id, [])
+            assert not any(x.WhichOneof("event") == "error" for x in ended), ("delta after error", e.request_id[:40])
+            assert e.delta.choice_index not in {x.done.choice_index for x in ended}, ("delta after done", e.request_id[:40])
+        if kind in ("done", "error"):
             ends.setdefault(e.request_id, []).append(e)
     for rid in request_ids(gens):
         got = ends.get(rid, [])
