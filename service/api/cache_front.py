@@ -72,7 +72,9 @@ class CacheFront:
     ) -> Replay | None:
         """A Replay answering ``req`` (a GenerateRequest, or a GenerateJSONRequest with ``json_mode``),
         or None to run it. ``gave_up()`` turns true when the request is cancelled meanwhile."""
-        if self.cache is None:
+        if self.cache is None:  # the cache is off: nothing is ever cached
+            if req.cache_policy == pb.CACHE_POLICY_ONLY_IF_CACHED:
+                return _error("NOT_FOUND", "cache_policy ONLY_IF_CACHED: the response cache is off on this server")
             return None
         if json_mode:
             fmt: tuple[str, str] | None = ("json_schema", req.json_schema)

@@ -17,6 +17,7 @@ calls it from the event loop only.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from collections import OrderedDict
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+log = logging.getLogger("service.response_cache")
 ENTRY_OVERHEAD_BYTES = 160  # dict slot, key string, tuple and float objects (measured order of magnitude)
 
 
@@ -151,22 +153,55 @@ class SqliteStore:
     """
 
     def __init__(self, path: str | Path, capacity_bytes: int, clock: Callable[[], float] = time.time) -> None:
-        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, blob BLOB NOT NULL, "
-            "expires REAL NOT NULL, stored REAL NOT NULL)"
-        )
+        try:
+            self.db = self._open(path)
+        except sqlite3.DatabaseError as exc:  # not a database (or damaged): a cache may start empty
+            if isinstance(exc, sqlite3.OperationalError) or not Path(path).is_file():
+                raise  # cannot open the path at all (a directory, no permission): a configuration error
+            aside = Path(f"{path}.corrupt-{int(time.time())}")
+            log.warning("response cache file %s is unreadable (%s): moved to %s, starting empty", path, exc, aside)
+            Path(path).rename(aside)
+            for suffix in ("-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            self.db = self._open(path)
         self.mem = MemoryStore(capacity_bytes, clock, on_drop=self._delete)
         self._load()
 
+    @staticmethod
+    def _open(path: str | Path) -> sqlite3.Connection:
+        db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, blob BLOB NOT NULL, "
+                "expires REAL NOT NULL, stored REAL NOT NULL)"
+            )
+            db.execute("SELECT key, blob, expires, stored FROM entries LIMIT 1").fetchall()
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
     def _load(self) -> None:
+        """Read the file's live entries into memory, oldest first (the newest end up most recently
+        used); a store reopened with a smaller bound keeps the newest that fit (the evicted rows are
+        deleted), and a row that does not decode is deleted instead of failing a later hit."""
         now = self.mem.clock()
         self.db.execute("DELETE FROM entries WHERE expires <= ?", (now,))
         rows = self.db.execute("SELECT key, blob, expires FROM entries ORDER BY stored").fetchall()
-        for key, blob, expires in rows:  # oldest first: the newest end up most recently used
-            self.mem.put_blob(key, bytes(blob), expires)
+        bad = 0
+        for key, blob, expires in rows:
+            try:
+                Entry.from_bytes(bytes(blob))
+            except (ValueError, KeyError, TypeError):
+                self._delete(key)
+                bad += 1
+                continue
+            if not self.mem.put_blob(key, bytes(blob), expires):
+                self._delete(key)  # larger than the whole (new) bound
+        if bad:
+            log.warning("response cache: %d unreadable entries dropped from the file", bad)
 
     def _delete(self, key: str) -> None:
         self.db.execute("DELETE FROM entries WHERE key = ?", (key,))

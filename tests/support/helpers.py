@@ -5,12 +5,25 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; its last value."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= end:
+            return predicate()
+        time.sleep(interval)
+    return True
 
 
 def req(rid: str, prompt: str = "", max_tokens: int = 16, **sampling: Any) -> pb.GenerateRequest:
@@ -96,27 +109,109 @@ class MarginRecorder:
             self.rows.setdefault(s.request_id, []).append({int(t): float(row[t]) for t in top})
 
 
+def near_tie(rows: list[dict[int, float]], k: int, reference: int, other: int, tol: float) -> bool:
+    """In the reference run's row ``k``, ``reference`` was the top token and ``other`` within ``tol``."""
+    best = rows[k]
+    top = max(best.values())
+    return best.get(reference) == top and other in best and top - best[other] < tol
+
+
 def assert_same_greedy(
     reference: list[int], other: list[int], rows: list[dict[int, float]], tol: float = 0.5
 ) -> None:
-    """Token-for-token equality, except a divergence where the reference was a near-tie.
+    """Token-for-token equality up to the first divergence, which must be a near-tie.
 
     NOTE: llama.cpp's results depend slightly on batch shape and on which KV
     cells are in use (summation order), moving logits by a few tenths at most.
     A divergence is accepted only where the other run's token was, in the
     reference run, among the best tokens and within ``tol`` of the top logit;
     cross-talk between sequences would produce arbitrary tokens at arbitrary
-    margins. Only the first divergence is checked (after it the texts differ).
+    margins. After a divergence the texts differ: where the other run can take
+    a logits hook, ``ForceReference`` compares every token instead.
     """
     assert len(reference) == len(other)
     for k, (x, y) in enumerate(zip(reference, other, strict=True)):
         if x != y:
             best = rows[k]
-            top = max(best.values())
-            assert best.get(x) == top and y in best and top - best[y] < tol, (
+            assert near_tie(rows, k, x, y, tol), (
                 f"token {k}: {x} vs {y}; reference logits {sorted(best.items(), key=lambda kv: -kv[1])[:3]}"
             )
             return
+
+
+class ForceReference:
+    """Engine logits hook for a greedy run compared with a recorded reference run, token by token.
+
+    At each sampled row of a request in ``reference`` (request id -> its greedy tokens), the row's
+    best token is compared with the reference token at that position. A difference where the
+    reference was a near-tie (``near_tie`` on the reference's ``rows``, a ``MarginRecorder``'s) is
+    noted in ``near_ties``; any other difference in ``divergences``. Either way the reference
+    token is then forced (its logit raised above the best), so the run stays on the reference's
+    path and every later token is compared too, not only those before the first near-tie.
+    ``check`` asserts there was no divergence beyond a near-tie.
+
+    NOTE: only rows the engine samples from pass through the hook first; speculative drafts are
+    verified before the hook sees their rows: ``forced_to`` turns speculation off while it forces.
+    """
+
+    def __init__(
+        self, reference: Mapping[str, list[int]], rows: Mapping[str, list[dict[int, float]]], tol: float = 0.5
+    ) -> None:
+        self.reference, self.rows, self.tol = reference, rows, tol
+        self.compared: dict[str, int] = {}
+        self.near_ties: list[tuple[str, int, int, int]] = []  # (request id, position, reference, got)
+        self.divergences: list[tuple[str, int, int, int]] = []
+
+    def __call__(self, seqs: list, logits: Any) -> None:
+        import numpy as np
+
+        for i, s in enumerate(seqs):
+            ref = self.reference.get(s.request_id)
+            k = s.num_generated
+            if ref is None or k >= len(ref):
+                continue
+            self.compared[s.request_id] = self.compared.get(s.request_id, 0) + 1
+            row = logits[i]
+            got, want = int(np.argmax(row)), ref[k]
+            if got == want:
+                continue
+            ok = near_tie(self.rows[s.request_id], k, want, got, self.tol)
+            (self.near_ties if ok else self.divergences).append((s.request_id, k, want, got))
+            row[want] = row[got] + 1.0
+
+    def check(self, complete: bool = True) -> None:
+        """No divergence but near-ties; with ``complete``, every reference token was compared."""
+        assert not self.divergences, f"(request, position, reference, got): {self.divergences[:5]}"
+        for rid, tokens in self.reference.items() if complete else ():
+            assert self.compared.get(rid) == len(tokens), (rid, self.compared.get(rid), len(tokens))
+
+
+@contextmanager
+def recording(engine: Any) -> Iterator[MarginRecorder]:
+    """The block's sampled rows recorded (``MarginRecorder``): the reference run of a comparison."""
+    rec = MarginRecorder()
+    engine.logits_hook = rec
+    try:
+        yield rec
+    finally:
+        engine.logits_hook = None
+
+
+@contextmanager
+def forced_to(
+    engine: Any, reference: Mapping[str, list[int]], rows: Mapping[str, list[dict[int, float]]], tol: float = 0.5
+) -> Iterator[ForceReference]:
+    """The block's requests compared with ``reference`` token by token (``ForceReference``), with
+    speculation off so that every token passes through the hook before it is chosen."""
+    force = ForceReference(reference, rows, tol)
+    saved = engine.speculator.config
+    engine.speculator.config = replace(saved, enabled=False)
+    engine.logits_hook = force
+    try:
+        yield force
+    finally:
+        engine.logits_hook = None
+        engine.speculator.config = saved
 
 
 def preempt_reject_cancel(ch: grpc.Channel) -> dict[str, pb.GenerateResponse]:

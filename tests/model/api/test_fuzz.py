@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
+import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
@@ -44,7 +45,7 @@ DOCUMENTED = {
 }
 BATCHES = 40
 GENERATE_PER_BATCH = 40
-JSON_PER_BATCH = 10  # 40 x (40 + 10) = 2,000 messages
+JSON_PER_BATCH = 10  # 40 x (40 + 10) = 2,000 messages; half the GenerateJSON ones should give a document
 EXPLORE = os.environ.get("FUZZ_EXPLORE") == "1"
 FUZZ = settings(
     max_examples=BATCHES,
@@ -59,7 +60,8 @@ FUZZ = settings(
 def fuzz_server() -> Iterator[RunningServer]:
     # NOTE: one compute thread: the fuzz clients share this process, and OpenMP's spinning
     # barriers stall when a thread is preempted (10x slower decodes on a busy 2-core box).
-    srv = start_server(grammar_timeout_s=2.0, threads=1)
+    # The response cache is on so that the fuzzed cache policies have something to act on.
+    srv = start_server(grammar_timeout_s=2.0, threads=1, response_cache_bytes=1 << 20)
     yield srv
     srv.close()
 
@@ -121,7 +123,17 @@ def sampling(draw: Any, wild: bool) -> pb.SamplingParams:
         sp.top_k = draw(st.integers(-(2**31), 2**31 - 1) if wild else st.integers(0, 100))
     if draw(st.booleans()):
         sp.seed = draw(st.integers(0, 2**64 - 1))
+    if draw(st.integers(0, 3)) == 0:  # several choices (GenerateJSON refuses them)
+        sp.n = draw(st.integers(-2, 17) if wild else st.integers(1, 3))
+    if draw(st.integers(0, 2)) == 0:
+        sp.logprobs = True
+        sp.top_logprobs = draw(st.integers(-1, 21) if wild else st.integers(0, 5))
+    elif wild and draw(st.integers(0, 4)) == 0:
+        sp.top_logprobs = draw(st.integers(1, 3))  # without logprobs: INVALID_ARGUMENT
     return sp
+
+
+CACHE_POLICIES = st.sampled_from(list(pb.CachePolicy.values()))
 
 
 messages = st.lists(
@@ -141,6 +153,7 @@ def generate_request(draw: Any, index: int) -> pb.GenerateRequest:
         prompt=draw(texts if wild else st.one_of(st.text(min_size=1, max_size=60), st.just("Hello"))),
         sampling=draw(sampling(wild)),
         priority=draw(st.integers(-3, 4) if wild else st.integers(0, 2)),
+        cache_policy=draw(st.one_of(CACHE_POLICIES, st.integers(4, 9)) if wild else CACHE_POLICIES),
     )
     if wild and draw(st.booleans()):
         msg.messages.extend(draw(messages))
@@ -162,16 +175,56 @@ def batch(draw: Any) -> tuple[list[pb.GenerateRequest], list[pb.GenerateJSONRequ
             gens.append(pb.GenerateRequest(request_id=target, cancel=True))
         else:
             gens.append(draw(generate_request(i)))
-    jsons = [
-        pb.GenerateJSONRequest(
+    jsons = [draw(json_request(plausible=i % 2 == 0)) for i in range(JSON_PER_BATCH)]
+    return gens, jsons
+
+
+# Schemas a small model can fill within a few dozen tokens (a document, not a validation error).
+RUNNABLE = st.one_of(
+    st.recursive(
+        st.sampled_from([
+            {"type": "string", "maxLength": 12}, {"type": "integer", "minimum": 3}, {"enum": ["a", 1, None]},
+            {"type": "boolean"}, {"type": "number"},
+        ]),
+        lambda inner: st.one_of(
+            st.builds(
+                lambda p: {"type": "object", "properties": p, "required": sorted(p), "additionalProperties": False},
+                st.dictionaries(st.sampled_from(["id", "name", "ok", "x"]), inner, max_size=2),
+            ),
+            st.builds(lambda i: {"type": "array", "items": i, "maxItems": 2}, inner),
+        ),
+        max_leaves=3,
+    ),
+    st.just({"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                              "age": {"type": "integer"}}, "required": ["name", "age"]}),
+).map(json.dumps)
+
+
+@st.composite
+def json_request(draw: Any, plausible: bool) -> pb.GenerateJSONRequest:
+    """Half the GenerateJSON requests are wild (anything), half should yield a document."""
+    if not plausible:
+        return pb.GenerateJSONRequest(
             prompt=draw(st.one_of(texts, st.just("A user:"))),
             json_schema=draw(SCHEMAS),
             sampling=draw(sampling(draw(st.booleans()))),
             priority=draw(st.integers(-1, 3)),
+            cache_policy=draw(CACHE_POLICIES),
         )
-        for _ in range(JSON_PER_BATCH)
-    ]
-    return gens, jsons
+    sp = pb.SamplingParams(max_tokens=draw(st.integers(40, 64)), temperature=draw(st.sampled_from([0.0, 0.7])))
+    if draw(st.booleans()):
+        sp.seed = draw(st.integers(0, 2**32))
+    if draw(st.booleans()):
+        sp.logprobs, sp.top_logprobs = True, draw(st.integers(0, 3))
+    if draw(st.integers(0, 5)) == 0:
+        sp.n = 2  # one document only: INVALID_ARGUMENT
+    return pb.GenerateJSONRequest(
+        prompt=draw(st.sampled_from(["A user:", "JSON:", "Describe a thing as JSON:"])),
+        json_schema=draw(RUNNABLE),
+        sampling=sp,
+        priority=draw(st.integers(0, 2)),
+        cache_policy=draw(CACHE_POLICIES),
+    )
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -185,28 +238,71 @@ def request_ids(gens: list[pb.GenerateRequest]) -> set[str]:
     return {g.request_id for g in gens if not g.cancel and len(g.request_id.encode()) <= MAX_REQUEST_ID_BYTES}
 
 
+def check_document(request: pb.GenerateJSONRequest, resp: pb.GenerateJSONResponse) -> None:
+    """A GenerateJSON answer is a complete document valid against the request's schema, and its
+    log-probabilities (when asked for) spell it token by token."""
+    assert resp.finish_reason == pb.FINISH_REASON_STOP, resp
+    schema = json.loads(request.json_schema)
+    jsonschema.validators.validator_for(schema)(schema).validate(json.loads(resp.json))
+    if request.sampling.logprobs and not resp.cache_hit:
+        assert len(resp.logprobs) == resp.usage.completion_tokens, (len(resp.logprobs), resp.usage)
+        assert b"".join(e.token for e in resp.logprobs).decode() == resp.json
+        top = request.sampling.top_logprobs  # at most: only tokens the schema allows are listed
+        assert all(len(e.top_logprobs) <= top and e.logprob <= 1e-6 for e in resp.logprobs), top
+
+
+def check_terminals(gens: list[pb.GenerateRequest], events: list[pb.GenerateResponse]) -> None:
+    """Every request id ends once: one error, or one done per choice (``n`` of them, indexes 0..n-1)."""
+    sent = {g.request_id: g for g in gens if not g.cancel}
+    ends: dict[str, list[pb.GenerateResponse]] = {}
+    for e in events:
+        kind = e.WhichOneof("event")
+        if e.request_id in sent and kind == "delta":  # nothing of a choice after its done or an error
+            ended = ends.get(e.request_id, [])
+            assert not any(x.WhichOneof("event") == "error" for x in ended), ("delta after error", e.request_id[:40])
+            assert e.delta.choice_index not in {x.done.choice_index for x in ended}, ("delta after done", e.request_id[:40])
+        if kind in ("done", "error"):
+            ends.setdefault(e.request_id, []).append(e)
+    for rid in request_ids(gens):
+        got = ends.get(rid, [])
+        kinds = {e.WhichOneof("event") for e in got}
+        if kinds == {"error"}:
+            assert len(got) == 1, (rid[:40], got)
+            continue
+        assert kinds == {"done"}, (rid[:40], got)
+        n = sent[rid].sampling.n if sent[rid].sampling.HasField("n") else 1
+        assert sorted(e.done.choice_index for e in got) == list(range(n)), (rid[:40], n, got)
+
+
 def send_batch(
     srv: RunningServer, gens: list[pb.GenerateRequest], jsons: list[pb.GenerateJSONRequest]
 ) -> Counter[str]:
     """Send one batch; check the contract; return a count of outcomes (event kinds and statuses)."""
+    outcomes: Counter[str] = Counter()
     with grpc.insecure_channel(srv.target) as ch:
         stub = pb_grpc.InferenceServiceStub(ch)
         futures: list[Future[Any]] = [stub.GenerateJSON.future(j, timeout=120) for j in jsons]
         events = list(stub.Generate(iter(gens), timeout=120))  # a hang fails here (DEADLINE_EXCEEDED)
-        for fut in futures:
+        for request, fut in zip(jsons, futures, strict=True):
             try:
-                fut.result()
+                resp = fut.result()
             except grpc.RpcError as exc:
                 assert exc.code().name in DOCUMENTED, (exc.code(), exc.details())
+                outcomes[f"json:{exc.code().name}"] += 1
+                continue
+            check_document(request, resp)
+            outcomes["json:document"] += 1
+            outcomes["json:logprobs"] += request.sampling.logprobs
     statuses = [e.error.status for e in events if e.WhichOneof("event") == "error"]
     bad = [e for e in events if e.WhichOneof("event") == "error" and e.error.status not in DOCUMENTED]
     sent = {g.request_id: g for g in gens if not g.cancel}
     assert not bad, [(e.error.status, e.error.message, str(sent.get(e.request_id))[:400]) for e in bad]
-    terminal = Counter(e.request_id for e in events if e.WhichOneof("event") in ("done", "error"))
-    for rid in request_ids(gens):
-        assert terminal[rid] == 1, (rid[:40], terminal[rid])
+    check_terminals(gens, events)
     assert healthy(srv.target)
-    return Counter(e.WhichOneof("event") for e in events) + Counter(statuses)
+    choices = Counter(
+        "choices>1" for e in events if e.WhichOneof("event") == "done" and e.done.choice_index > 0
+    )
+    return outcomes + Counter(e.WhichOneof("event") for e in events) + Counter(statuses) + choices
 
 
 def test_fuzzed_requests_get_documented_statuses_and_one_terminal_event_each(fuzz_server: RunningServer) -> None:
@@ -218,8 +314,12 @@ def test_fuzzed_requests_get_documented_statuses_and_one_terminal_event_each(fuz
         seen.update(send_batch(fuzz_server, *case))
 
     run()
-    # The run must have exercised the engine, not only the validation.
+    # The run must have exercised the engine, not only the validation: documents were produced and
+    # validated, several choices and cache policies reached it.
     assert seen["done"] >= 300 and seen["delta"] >= 300 and seen["INVALID_ARGUMENT"] >= 300, seen
+    assert seen["json:document"] >= 50 and seen["json:logprobs"] >= 20 and seen["choices>1"] >= 50, seen
+    assert seen["json:NOT_FOUND"] >= 1, seen  # ONLY_IF_CACHED misses
+    print("fuzz outcomes:", dict(seen))  # shown with -s
 
 
 # Cases found by fuzzing (issue "Fuzzing findings") and kept as regressions.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -289,11 +290,12 @@ def test_engine_thread_death_is_reported_not_hidden() -> None:
 
 def test_stalled_step_fails_requests_and_keeps_the_context_while_the_thread_runs() -> None:
     srv = start_server(step_timeout_s=1.0)
+    release = threading.Event()
     try:
         real = srv.engine.runner.decode
 
         def stuck(*args: Any) -> Any:
-            time.sleep(6.0)
+            release.wait(60)  # stuck until the test has seen the watchdog act
             return real(*args)
 
         srv.engine.runner.decode = stuck  # type: ignore[method-assign]
@@ -305,8 +307,10 @@ def test_stalled_step_fails_requests_and_keeps_the_context_while_the_thread_runs
         assert wait_for(lambda: health(srv.target) == health_pb2.HealthCheckResponse.NOT_SERVING)
         assert srv.engine.stop(timeout=0.5) is False  # the thread is still inside decode
         assert srv.engine.runner.ctx  # so the context was not freed under it
+        release.set()
         assert wait_for(lambda: not srv.engine._thread.is_alive(), timeout=15)
     finally:
+        release.set()
         srv.close()
 
 

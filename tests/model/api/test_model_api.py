@@ -188,19 +188,18 @@ def test_model_info_reports_the_server_and_request_limits(stub: Any, server: Any
     assert (limits.max_stop_strings, limits.max_top_logprobs, limits.max_choices) == (MAX_STOP_STRINGS, 20, 16)
 
 
-def test_add_special_adds_bos_only_for_models_that_want_it(stub: Any) -> None:
-    """SmolLM2's GGUF says add_bos_token false; the Gemma benchmark model (if fetched) says true."""
+def test_add_special_adds_bos_only_for_models_that_want_it(stub: Any, tmp_path: Path) -> None:
+    """SmolLM2's GGUF says add_bos_token false; a built vocabulary that says true (as Gemma's does)
+    gets exactly one BOS, with or without a chat template."""
     flags = [pb.TokenizeRequest(text="Hi", add_special=v) for v in (True, False)]
     with_bos, without = (stub.Tokenize(r).token_ids for r in flags)
     assert list(with_bos) == list(without) == list(stub.Tokenize(pb.TokenizeRequest(text="Hi")).token_ids)
-    gemma = DEFAULT_MODEL.parent / "gemma-3-270m-q4_k_m.gguf"
-    if not gemma.is_file():
-        pytest.skip(f"{gemma.name} not fetched (make bench-model)")
     from service.api.request_builder import PromptLimits, RequestBuilder
     from service.model.chat import ChatTemplate
     from service.model.runner import Vocab
+    from tests.support.tiny_vocab import build
 
-    vocab = Vocab.load(gemma)
+    vocab = Vocab.load(build(tmp_path / "bos.gguf", add_bos=True))
     builder = RequestBuilder(vocab, ChatTemplate(None), PromptLimits(max_context=4096))
     default, no_bos = (builder.render_tokens("Hi", [], add_special=v)[1] for v in (None, False))
     assert vocab.add_bos and default == [vocab.bos_id, *no_bos]

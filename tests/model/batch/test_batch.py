@@ -22,6 +22,7 @@ from inference.v1 import batch_pb2_grpc as bpb_grpc
 from inference.v1 import inference_pb2 as pb
 
 from tests.model.server.test_shutdown import ServerProcess
+from tests.support.helpers import wait_for
 from tests.support.server import RunningServer, assert_kv_clean, start_server
 
 pytestmark = pytest.mark.model
@@ -220,8 +221,9 @@ def test_stop_without_drain_then_drain_then_restart_gives_one_result_per_custom_
             # items running at the stop and at the drain ran again from scratch (at least one each time)
             assert sum(r.attempts for r in out) - len(ids) >= 2
             assert all(r.usage.completion_tokens == 24 for r in out)
-            with pytest.raises(grpc.RpcError):
+            with pytest.raises(grpc.RpcError) as err:  # another tenant's job does not exist for ops
                 results(stub, job_id, md=ops)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
             # a tenant quota of 1 concurrent request refuses most of the 4 slots: those items wait, none fails
             one = (("authorization", "Bearer tok-one"),)
             small = create(stub, [gen(f"q{i}") for i in range(5)], md=one).id
@@ -302,7 +304,13 @@ def test_each_item_run_has_a_span_linked_to_the_create_call_and_parent_of_its_re
             stub = bpb_grpc.BatchServiceStub(ch)
             job_id = create(stub, [gen("s1"), gen("s2")], md=TRACEPARENT).id
             assert final(stub, job_id).counts.completed == 2
-        time.sleep(0.2)
+        # the RPC and item spans end just after the last answer
+        def ended() -> bool:
+            spans = traced.spans.get_finished_spans()
+            rpc = [s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER]
+            return bool(rpc) and len([s for s in spans if s.name == "batch_item"]) == 2
+
+        assert wait_for(ended, timeout=10)
         spans = traced.spans.get_finished_spans()
         rpc = next(s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER)
         assert rpc.name == "/inference.v1.BatchService/CreateBatch"

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.observability.setup import make_telemetry
 from service.server import InferenceServer
-from tests.support.helpers import preempt_reject_cancel, req, run_stream
+from tests.support.helpers import preempt_reject_cancel, req, run_stream, wait_for
 from tests.support.server import server_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,7 +37,6 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "inference.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 SCRAPE_MADE = {"up"}  # series Prometheus makes itself for every target
 SCRAPE_LABELS = {"instance", "job"}  # labels Prometheus adds at scrape time
-SNAPSHOT_WAIT = 0.6  # > otel_metrics.SNAPSHOT_TTL_S: the next scrape reads a fresh snapshot
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 GROUPING = r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
 
@@ -162,7 +160,10 @@ def scraped() -> Iterator[dict[str, set[str]]]:
     try:
         finals = _traffic(srv.target)
         assert finals["refused"].error.status == "RESOURCE_EXHAUSTED"
-        time.sleep(SNAPSHOT_WAIT)
+        # the exporter reads a snapshot cached for otel_metrics.SNAPSHOT_TTL_S: wait for one with the
+        # refused request in it
+        key = "gen_ai_server_request_duration_seconds_count"
+        assert wait_for(lambda: "error_type" in srv.scrape().get(key, set()), timeout=10), srv.scrape().get(key)
         yield srv.scrape()
     finally:
         srv.close()

@@ -15,6 +15,8 @@ from service.model.runner import ModelRunner
 from tests.support.helpers import OpenStream, req, run_stream
 from tests.support.server import DEFAULT_MODEL, RunningServer, assert_kv_clean, start_server, wait_idle
 
+pytestmark = pytest.mark.model
+
 PROMPT = "The three primary colours are red, yellow and"
 
 
@@ -136,9 +138,7 @@ def _choices(responses: Any) -> tuple[dict[int, str], dict[int, pb.Done]]:
     return texts, dones
 
 
-def test_n_choices_with_a_seed_are_reproducible_and_share_one_prefill(
-    server: RunningServer, channel: grpc.Channel
-) -> None:
+def test_n_choices_share_one_prefill(server: RunningServer, channel: grpc.Channel) -> None:
     stub = pb_grpc.InferenceServiceStub(channel)
     prompt = "A short story about a lighthouse keeper and a storm, told in one paragraph. " * 3
     wait_idle(server)
@@ -153,9 +153,30 @@ def test_n_choices_with_a_seed_are_reproducible_and_share_one_prefill(
     assert after.prefill_tokens_total - before.prefill_tokens_total < n_prompt + 3 * block
     assert after.shared_prefill_choices - before.shared_prefill_choices == 3
     assert all(dones[i].usage.cached_tokens >= n_prompt - block for i in (1, 2, 3))
-    again, _ = _choices(stub.Generate(iter([r])))
-    assert again == texts
     assert_kv_clean(server)
+
+
+@pytest.fixture(scope="module")
+def exact() -> Iterator[RunningServer]:
+    """A server without prefix reuse: a repeated request computes bit-identical logits (on the shared
+    server the repeat would reuse cached KV cells, another summation order)."""
+    srv = start_server(prefix_cache=False)
+    yield srv
+    srv.close()
+
+
+def test_n_choices_with_a_seed_are_reproducible(exact: RunningServer) -> None:
+    prompt = "A short story about a lighthouse keeper and a storm, told in one paragraph. " * 3
+    r = req("n4", prompt, 12, n=4, seed=11, temperature=0.9)
+    with grpc.insecure_channel(exact.target) as ch:
+        stub = pb_grpc.InferenceServiceStub(ch)
+        texts, dones = _choices(stub.Generate(iter([r])))
+        again, _ = _choices(stub.Generate(iter([r])))
+        r.sampling.seed = 12
+        other, _ = _choices(stub.Generate(iter([r])))
+    assert sorted(dones) == [0, 1, 2, 3] and len(set(texts.values())) > 1
+    assert again == texts and other != texts
+    assert_kv_clean(exact)
 
 
 def test_cancelling_an_n_choice_request_ends_every_choice(server: RunningServer, channel: grpc.Channel) -> None:
@@ -171,6 +192,74 @@ def test_cancelling_an_n_choice_request_ends_every_choice(server: RunningServer,
     assert sorted(d.choice_index for d in dones) == [0, 1, 2]
     assert all(d.finish_reason == pb.FINISH_REASON_CANCELLED for d in dones)
     assert not [m for m in rest if m.WhichOneof("event") == "error"]
+    wait_idle(server)
+    assert_kv_clean(server)
+
+
+def test_a_failing_choice_ends_an_n_choice_request_with_one_error_and_nothing_after(
+    server: RunningServer, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n = 3 with log-probabilities; the fifth log-probability computation (one choice, second step)
+    fails: the request gets one INTERNAL error, no done, and no event of any choice after it; the
+    other choices are aborted (idle engine, no KV held)."""
+    import service.engine.model_step
+
+    real, calls = service.engine.model_step.token_logprob, []
+
+    def fails_once(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 5:
+            raise FloatingPointError("injected")
+        return real(*a, **k)
+
+    monkeypatch.setattr(service.engine.model_step, "token_logprob", fails_once)
+    events = list(
+        pb_grpc.InferenceServiceStub(channel).Generate(
+            iter([req("n3", PROMPT, 40, n=3, temperature=0.8, seed=4, logprobs=True, ignore_eos=True)])
+        )
+    )
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds.count("error") == 1 and kinds.count("done") == 0, kinds
+    assert kinds[-1] == "error", kinds  # nothing after the terminal event
+    assert events[-1].error.status == "INTERNAL" and "injected" not in events[-1].error.message
+    assert sum(len(e.delta.token_ids) for e in events if e.WhichOneof("event") == "delta") < 3 * 40
+    wait_idle(server)
+    assert_kv_clean(server)
+
+
+def test_no_event_follows_a_terminal_event_under_cancels(server: RunningServer, channel: grpc.Channel) -> None:
+    """Requests cancelled right after their first delta, some with several choices: per request id,
+    nothing after its error or final done, and per choice nothing after its done."""
+    stream = OpenStream(channel)
+    for i in range(6):
+        stream.send(req(f"c{i}", f"Story {i}:", 60, n=1 + i % 3, temperature=0.7, seed=i, ignore_eos=True))
+    cancelled: set[str] = set()
+    events: list[pb.GenerateResponse] = []
+    while len(cancelled) < 6:
+        ev = stream.next_event()
+        events.append(ev)
+        if ev.WhichOneof("event") == "delta" and ev.request_id not in cancelled:
+            cancelled.add(ev.request_id)
+            stream.send(pb.GenerateRequest(request_id=ev.request_id, cancel=True))
+    stream.close()
+    stream.join()
+    events += list(stream.events.queue)
+    ended: set[str] = set()
+    choice_done: set[tuple[str, int]] = set()
+    dones: dict[str, int] = {}
+    for ev in events:
+        kind, rid = ev.WhichOneof("event"), ev.request_id
+        assert rid not in ended, f"{kind} after the terminal event of {rid}"
+        if kind == "delta":
+            assert (rid, ev.delta.choice_index) not in choice_done, f"delta after choice {ev.delta.choice_index} of {rid} ended"
+        elif kind == "done":
+            choice_done.add((rid, ev.done.choice_index))
+            dones[rid] = dones.get(rid, 0) + 1
+            if dones[rid] == 1 + int(rid[1:]) % 3:
+                ended.add(rid)
+        else:
+            ended.add(rid)
+    assert ended == {f"c{i}" for i in range(6)}
     wait_idle(server)
     assert_kv_clean(server)
 

@@ -12,7 +12,6 @@ import logging
 import queue
 import socket
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
@@ -36,7 +35,7 @@ from service.config import ServerConfig
 from service.observability.setup import make_telemetry, start_prometheus
 from service.observability.telemetry import OTelTelemetry, Telemetry
 from service.server import SERVICE_NAME, InferenceServer
-from tests.support.helpers import OpenStream, preempt_reject_cancel, req, run_stream
+from tests.support.helpers import OpenStream, preempt_reject_cancel, req, run_stream, wait_for
 from tests.support.server import DEFAULT_MODEL, RunningServer, server_config, wait_idle
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -80,21 +79,21 @@ def test_tracing_off_is_the_noop_base(monkeypatch: pytest.MonkeyPatch) -> None:
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     ):
         monkeypatch.delenv(name, raising=False)
-    telemetry = make_telemetry(config())
+    telemetry = make_telemetry(ServerConfig())
     assert type(telemetry) is Telemetry and not telemetry.enabled
     assert telemetry.server_interceptors() == []
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert type(make_telemetry(config())) is Telemetry
+    assert type(make_telemetry(ServerConfig())) is Telemetry
 
 
 def test_make_telemetry_follows_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
-    console = make_telemetry(config(trace_console=True))
+    console = make_telemetry(ServerConfig(trace_console=True))
     assert isinstance(console, OTelTelemetry) and console.enabled and len(console.server_interceptors()) == 1
     console.shutdown()
     port = free_port()
-    metrics_only = make_telemetry(config(prometheus_port=port))
+    metrics_only = make_telemetry(ServerConfig(prometheus_port=port))
     assert isinstance(metrics_only, OTelTelemetry) and not metrics_only.enabled
     assert metrics_only.server_interceptors() == []
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).status == 200
@@ -126,8 +125,7 @@ def test_health_not_serving_while_loading_and_draining() -> None:
     gate, load = threading.Event(), srv.server._load
     srv.server._load = lambda loop: (gate.wait(60), load(loop))[1]  # type: ignore[method-assign]
     started = asyncio.run_coroutine_threadsafe(srv.server.start(), srv.loop)
-    while not srv.server.port:
-        time.sleep(0.01)
+    assert wait_for(lambda: bool(srv.server.port), timeout=30), "the port was never bound"
     seen: queue.Queue[int] = queue.Queue()
     with grpc.insecure_channel(srv.target) as ch:
         assert _statuses(ch) == {NOT_SERVING}
@@ -249,7 +247,8 @@ def test_request_span_is_child_of_rpc_span_of_caller_trace(traced: Traced) -> No
         request = req("t1", "The sky is", 5, ignore_eos=True, top_p=0.9, seed=7)
         res = run_stream(ch, [request], metadata=TRACEPARENT)
     done: Any = res["t1"].done
-    time.sleep(0.1)  # the RPC span ends just after the last response
+    # the RPC span ends just after the last response
+    assert wait_for(lambda: any(s.kind is SpanKind.SERVER for s in traced.spans_of(TRACE_ID)), timeout=10)
     spans = traced.spans_of(TRACE_ID)
     rpc = next(s for s in spans if s.kind is SpanKind.SERVER)
     assert rpc.name == "/inference.v1.InferenceService/Generate" and rpc.parent.span_id == PARENT_ID
@@ -302,6 +301,11 @@ def test_request_log_lines_carry_request_and_trace_ids(traced: Traced, caplog: A
     assert f"trace_id={TRACE_ID:032x}" in TextFormatter().format(record)
 
 
+def wait_idle_loop(traced: Traced) -> None:
+    """The dedicated server has no request left (its engine is idle)."""
+    assert wait_for(lambda: not traced.srv.server.engine.scheduler.has_work(), timeout=30)
+
+
 def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
     data: Any = reader.get_metrics_data()
     return {
@@ -316,10 +320,16 @@ def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
 def test_otel_and_prometheus_metrics_match_get_metrics(traced: Traced) -> None:
     with grpc.insecure_channel(traced.srv.target) as ch:
         run_stream(ch, [req(f"p{i}", "Numbers:", 4, ignore_eos=True) for i in range(3)])
-        time.sleep(SNAPSHOT_WAIT)
+        wait_idle_loop(traced)
         m = pb_grpc.InferenceServiceStub(ch).GetMetrics(pb.GetMetricsRequest())
-    points = _points(traced.metrics)
     inter = _tier(m, pb.PRIORITY_INTERACTIVE)
+
+    def accepted_now() -> Any:
+        return {p.attributes["inference.priority"]: p.value for p in _points(traced.metrics)["inference.requests.accepted"]}
+
+    # the OTel view reads a snapshot cached for otel_metrics.SNAPSHOT_TTL_S: wait for a fresh one
+    assert wait_for(lambda: accepted_now().get("interactive") == inter.requests_total, timeout=10)
+    points = _points(traced.metrics)
     accepted = {p.attributes["inference.priority"]: p.value for p in points["inference.requests.accepted"]}
     assert accepted["interactive"] == inter.requests_total
     assert points["inference.generated_tokens"][0].value == m.generated_tokens_total
@@ -331,19 +341,21 @@ def test_otel_and_prometheus_metrics_match_get_metrics(traced: Traced) -> None:
         if p.attributes["inference.priority"] == "interactive"
     ]
     assert ttft[0].count == inter.ttft.count
-    time.sleep(SNAPSHOT_WAIT)
     url = f"http://127.0.0.1:{traced.prometheus_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    line = next(
-        x
-        for x in text.splitlines()
-        if x.startswith("inference_requests_accepted_total{") and 'inference_priority="interactive"' in x
-    )
-    assert float(line.rsplit(" ", 1)[1]) == inter.requests_total
+
+    def scraped_accepted() -> tuple[float, str]:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        line = next(
+            x
+            for x in text.splitlines()
+            if x.startswith("inference_requests_accepted_total{") and 'inference_priority="interactive"' in x
+        )
+        return float(line.rsplit(" ", 1)[1]), text
+
+    assert wait_for(lambda: scraped_accepted()[0] == inter.requests_total, timeout=10), scraped_accepted()[0]
+    text = scraped_accepted()[1]
     assert "gen_ai_server_request_duration_seconds_bucket" in text
 
-
-SNAPSHOT_WAIT = 0.6  # > otel_metrics.SNAPSHOT_TTL_S: the next collection reads a fresh snapshot
 
 
 # -- OTLP round trip ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from service.observability.telemetry import OTelTelemetry
 from service.server import InferenceServer
-from tests.support.helpers import OpenStream, Result, collect, req, run_stream
+from tests.support.helpers import OpenStream, Result, collect, req, run_stream, wait_for
 from tests.support.server import RunningServer, server_config, start_server
 
 pytestmark = pytest.mark.model
@@ -180,8 +180,23 @@ def test_cache_hit_is_on_the_request_span_and_in_the_otel_metrics() -> None:
             stub = pb_grpc.InferenceServiceStub(ch)
             for rid in ("o1", "o2"):
                 _one(stub, _cached(rid, "Traced prompt"))
-            time.sleep(0.6)  # > otel_metrics.SNAPSHOT_TTL_S
             cache = stub.GetMetrics(pb.GetMetricsRequest()).response_cache
+
+            def points() -> dict[Any, Any]:
+                data = reader.get_metrics_data()
+                assert data is not None
+                return {
+                    (p.attributes or {}).get("inference.response_cache.outcome"): getattr(p, "value", None)
+                    for rm in data.resource_metrics
+                    for sm in rm.scope_metrics
+                    for metric in sm.metrics
+                    if metric.name == "inference.response_cache.requests"
+                    for p in metric.data.data_points
+                }
+
+            # the OTel view reads a snapshot cached for otel_metrics.SNAPSHOT_TTL_S: wait for a fresh one
+            assert wait_for(lambda: points().get("miss") == cache.misses, timeout=10), points()
+            seen = points()
     finally:
         call(server.stop())
         loop.call_soon_threadsafe(loop.stop)
@@ -190,17 +205,7 @@ def test_cache_hit_is_on_the_request_span_and_in_the_otel_metrics() -> None:
         (s.attributes or {}).get("inference.request_id"): s.attributes for s in spans.get_finished_spans()
     }
     assert (attrs["o1"]["cache.hit"], attrs["o2"]["cache.hit"]) == (False, True)
-    data = reader.get_metrics_data()
-    assert data is not None
-    points: dict[Any, Any] = {
-        (p.attributes or {}).get("inference.response_cache.outcome"): getattr(p, "value", None)
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name == "inference.response_cache.requests"
-        for p in metric.data.data_points
-    }
-    assert (points["exact_hit"], points["miss"]) == (cache.hits, cache.misses) == (1, 1)
+    assert (seen["exact_hit"], seen["miss"]) == (cache.hits, cache.misses) == (1, 1)
 
 
 def test_a_tenant_never_gets_another_tenants_cached_answer(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from tests.support.certs import CA, Pem
-from tests.support.helpers import req, run_stream
+from tests.support.helpers import req, run_stream, wait_for
 from tests.support.server import RunningServer, start_server, wait_idle
 
 pytestmark = pytest.mark.model
@@ -236,8 +235,15 @@ def test_tenants_file_reload(secure: RunningServer, setup: Setup) -> None:
             assert not secure.server.tenancy.file.reload()  # type: ignore[union-attr]
             assert generate(ch, (("authorization", f"Bearer {late}"),)).done is not None
             setup.tenants.write_text(json.dumps(tenants_doc()))  # picked up by mtime, no signal
-            time.sleep(1.1)
-            assert generate(ch, bearer("alpha")).done is not None
+
+            def alpha_served() -> bool:
+                try:
+                    return generate(ch, bearer("alpha")).done is not None
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                    return False
+
+            assert wait_for(alpha_served, timeout=30), "the changed tenants file was not picked up"
     finally:
         setup.tenants.write_text(json.dumps(tenants_doc()))
         secure.server.tenancy.reload()

@@ -6,11 +6,14 @@ from typing import Any
 
 import grpc
 import numpy as np
+import pytest
 
 from service.assembly import build_engine
 from service.model.runner import ModelRunner
 from tests.support.helpers import req, run_stream
 from tests.support.server import DEFAULT_MODEL, RunningServer, server_config
+
+pytestmark = pytest.mark.model
 
 
 def _greedy(

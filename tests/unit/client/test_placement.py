@@ -50,8 +50,9 @@ def test_adding_a_backend_gives_it_keys_and_moves_keys_only_to_it() -> None:
     ring.add("10.0.0.4:50051")
     after = {k: table.home(ring, k) for k in keys}
     moved = [k for k in keys if after[k] != before[k]]
-    # the keys whose two choices now include the new backend and not their home (40 of 300 here)
-    assert 25 <= len(moved) <= 120
+    # the keys whose two choices now include the new backend and not their home (blake2b: the same
+    # 40 of these 300 keys every run)
+    assert len(moved) == 40
     assert all(after[k] == "10.0.0.4:50051" for k in moved)
 
 

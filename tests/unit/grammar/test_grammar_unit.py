@@ -1,14 +1,12 @@
 """Unit tests of the structured-output core (service/json_grammar.py).
 
-Needs only the default model's vocabulary (a vocab-only load, no weights).
+Runs on the tiny built vocabulary (``tiny_vocab``, tests/support/tiny_vocab.py): no model file.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import llguidance as llg
@@ -16,9 +14,6 @@ import numpy as np
 import pytest
 
 from service import json_grammar as jg
-
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 PERSON = {
     "type": "object",
@@ -29,12 +24,8 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def vocab() -> Any:
-    if not MODEL.is_file():
-        pytest.skip(f"{MODEL} missing: run `make model`")
-    from service.model.runner import Vocab
-
-    return Vocab.load(MODEL)
+def vocab(tiny_vocab: Any) -> Any:
+    return tiny_vocab
 
 
 @pytest.fixture(scope="module")
@@ -165,16 +156,19 @@ def test_grammar_over_parser_limits(ll_tok: Any) -> None:
 def test_compile_timeout(ll_tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     comp = jg.GrammarCompiler(ll_tok, compile_timeout_s=0.05)
     real = comp._build
+    release = threading.Event()
 
     def slow_build(kind: str, source: str) -> jg.CompiledGrammar:
-        time.sleep(0.3)
+        assert release.wait(30)  # held until the caller has timed out
         return real(kind, source)
 
     monkeypatch.setattr(comp, "_build", slow_build)
     with pytest.raises(jg.GrammarError) as ei:
         comp.compile("regex", "abc")
     assert ei.value.status == "RESOURCE_EXHAUSTED" and "exceeded" in str(ei.value)
-    time.sleep(0.4)  # the abandoned compile finishes: the timeout was not cached, the result is
+    release.set()  # the abandoned compile finishes: the timeout was not cached, the result is
+    pending, _ = comp.start("regex", "abc")
+    pending.result(timeout=30)
     compiled, hit, _ = comp.compile("regex", "abc")
     assert hit and compiled.kind == "regex"
     comp.close()

@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,9 +20,6 @@ from service.engine.watchdog import Watchdog
 from service.grammar.cache import GrammarCache
 from service.grammar.json_keys import KeyGuard, KeyVocab
 from service.model.chat import ChatTemplate, ChatTemplateError
-
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # A toy vocabulary: whole keys, split keys and JSON punctuation.
 TOKENS = [b"{", b'"', b"a", b"b", b'"a"', b'"b"', b'":', b":", b"1", b",", b"}", b'a"', b'b":', b'{"', b',"', b"]"]
@@ -80,12 +76,8 @@ def test_grammar_cache_is_bounded_by_bytes_and_count_but_keeps_pending_entries()
 
 
 @pytest.fixture(scope="module")
-def vocab() -> Any:
-    if not MODEL.is_file():
-        pytest.fail(f"{MODEL} missing: run `make model`")
-    from service.model.runner import Vocab
-
-    return Vocab.load(MODEL)
+def vocab(tiny_vocab: Any) -> Any:
+    return tiny_vocab
 
 
 def test_cached_grammar_is_served_while_slow_compiles_hold_the_pool(vocab: Any) -> None:

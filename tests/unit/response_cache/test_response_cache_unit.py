@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,62 @@ def test_sqlite_store_drops_evicted_entries_from_the_file(tmp_path: Path) -> Non
     rows = {r[0] for r in store.db.execute("SELECT key FROM entries")}
     assert rows == {"k1", "k2"}
     store.close()
+
+
+def test_sqlite_store_reopened_with_a_smaller_bound_keeps_the_newest_that_fit(tmp_path: Path) -> None:
+    clock = Clock()
+    size = MemoryStore.size_of("k0", ENTRY.to_bytes())
+    store = SqliteStore(tmp_path / "c.db", 4 * size, clock)
+    for k in ("k0", "k1", "k2", "k3"):
+        clock.now += 1
+        store.put(k, ENTRY, 60)
+    store.close()
+    smaller = SqliteStore(tmp_path / "c.db", 2 * size, clock)
+    assert smaller.stats().entries == 2 and smaller.stats().bytes <= 2 * size
+    assert [smaller.get(k) for k in ("k0", "k1")] == [None, None]
+    assert smaller.get("k2") == smaller.get("k3") == ENTRY
+    assert {r[0] for r in smaller.db.execute("SELECT key FROM entries")} == {"k2", "k3"}  # the file too
+    smaller.close()
+    tiny = SqliteStore(tmp_path / "c.db", size - 1, clock)  # no entry fits at all
+    assert tiny.stats().entries == 0 and tiny.db.execute("SELECT COUNT(*) FROM entries").fetchone() == (0,)
+    tiny.close()
+
+
+def test_sqlite_store_on_a_corrupt_file_starts_empty_and_keeps_the_file_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "c.db"
+    path.write_bytes(b"not a database " * 100)
+    store = SqliteStore(path, 1 << 20, Clock())
+    assert store.stats().entries == 0
+    store.put("k", ENTRY, 60)
+    assert store.get("k") == ENTRY
+    store.close()
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("c.db.corrupt-")]
+    assert len(aside) == 1 and (tmp_path / aside[0]).read_bytes() == b"not a database " * 100
+    assert "unreadable" in caplog.text and "starting empty" in caplog.text
+    reopened = SqliteStore(path, 1 << 20, Clock())  # the new file is a good one
+    assert reopened.get("k") == ENTRY
+    reopened.close()
+
+
+def test_sqlite_store_drops_rows_that_do_not_decode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    store = SqliteStore(tmp_path / "c.db", 1 << 20, clock)
+    store.put("good", ENTRY, 60)
+    store.db.execute("INSERT INTO entries VALUES ('bad', X'7b6e6f', ?, ?)", (clock.now + 60, clock.now))
+    store.close()
+    reopened = SqliteStore(tmp_path / "c.db", 1 << 20, clock)
+    assert reopened.get("bad") is None and reopened.get("good") == ENTRY  # never an exception on a hit
+    assert {r[0] for r in reopened.db.execute("SELECT key FROM entries")} == {"good"}
+    assert "1 unreadable entries dropped" in caplog.text
+    reopened.close()
+
+
+def test_sqlite_store_on_a_path_it_cannot_open_fails_loudly(tmp_path: Path) -> None:
+    with pytest.raises(sqlite3.OperationalError):
+        SqliteStore(tmp_path, 1 << 20, Clock())  # a directory: a configuration error, not a corrupt cache
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- the cache: tickets, policies, storing ----------------------------------------------------

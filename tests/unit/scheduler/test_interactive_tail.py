@@ -65,12 +65,22 @@ def test_with_an_interactive_request_running_batch_rows_are_capped_and_rotate() 
 def test_a_skipped_batch_row_keeps_its_place_and_finishes_with_the_same_tokens() -> None:
     capped, shadow_c = loaded(limit=2, max_tokens=12)
     free, shadow_f = loaded(limit=None, max_tokens=12)
-    for sched in (capped, free):
+    seqs = {}
+    for name, sched in (("capped", capped), ("free", free)):
         sched.add(mkseq("i", 3, 20, Priority.INTERACTIVE, base=99))
+        seqs[name] = {s.request_id: s for s in [*sched.running, *sched.waiting]}
     steps_capped = drive(capped, shadow_c)
     steps_free = drive(free, shadow_f)
     assert steps_capped > steps_free  # batch rows lost steps ...
     assert capped.preemptions == free.preemptions == Counter()  # ... but nobody lost its place
+    # ... and every sequence ends with the same tokens (the simulated model's next token is a hash
+    # of the whole context: a row that lost or repeated a token would differ from here on)
+    assert sorted(seqs["capped"]) == sorted(seqs["free"]) == [*(f"b{i}" for i in range(8)), "i"]
+    for rid, seq in seqs["capped"].items():
+        other = seqs["free"][rid]
+        assert seq.status is other.status is SeqStatus.FINISHED, rid
+        assert seq.num_generated == other.num_generated == (20 if rid == "i" else 12), rid
+        assert seq.token_ids == other.token_ids, rid
 
 
 def test_cap_lifts_once_the_interactive_request_finishes() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +13,14 @@ from grpc_health.v1._async import HealthServicer
 
 from service.security.tls import server_credentials
 from tests.support.certs import CA
+
+
+def changed(*paths: Path) -> None:
+    """Move the files' mtimes a second on: a rewrite within the file system's mtime granularity would
+    otherwise look unchanged (the watcher compares mtimes)."""
+    for path in paths:
+        ns = os.stat(path).st_mtime_ns + 1_000_000_000
+        os.utime(path, ns=(ns, ns))
 
 
 async def _check(port: int, ca: CA) -> int:
@@ -50,11 +58,11 @@ async def test_rotation_on_disk_reaches_new_connections(tls_server: tuple[int, C
         stub = health_pb2_grpc.HealthStub(kept)
         await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
         new_ca = CA("Rotated CA")
-        new_ca.issue("localhost", server=True).write(folder, "server")  # rotation, no restart
-        await asyncio.sleep(0.05)
-        assert await _check(port, new_ca) == health_pb2.HealthCheckResponse.SERVING
-        with pytest.raises(grpc.aio.AioRpcError):
+        changed(*new_ca.issue("localhost", server=True).write(folder, "server"))  # rotation, no restart
+        assert await _check(port, new_ca) == health_pb2.HealthCheckResponse.SERVING  # the next handshake
+        with pytest.raises(grpc.aio.AioRpcError) as info:
             await _check(port, old_ca)  # new connections get the new certificate only
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)  # the open connection continues
 
 
@@ -69,6 +77,8 @@ def test_a_key_that_does_not_fit_is_refused_at_start_and_on_rotation(tmp_path: P
     key.write_bytes(good.key)
     _creds, files = server_credentials(cert, key)
     cert.write_bytes(other.cert)  # half-way through a rotation: new cert, old key
-    assert files.fetch() is None  # keeps serving the old pair
+    changed(cert)
+    assert files.fetch() is None and files.rotations == 0  # keeps serving the old pair
     key.write_bytes(other.key)
+    changed(key)
     assert files.fetch() is not None and files.rotations == 1

@@ -86,10 +86,14 @@ def test_connection_flags_become_grpc_options() -> None:
     assert defaults["grpc.keepalive_time_ms"] == 60_000
 
 
-def test_connection_flags_from_environment_and_validation() -> None:
+def test_connection_flags_from_environment_and_validation(capsys: pytest.CaptureFixture[str]) -> None:
     config = load_config([], env={"INFERENCE_MAX_CONNECTION_AGE_S": "12.5"})
     assert config.max_connection_age_s == 12.5
-    with pytest.raises(SystemExit):
-        load_config(["--max-connection-age-s", "-1"], env={})
-    with pytest.raises(SystemExit):
-        load_config(["--keepalive-timeout-s", "0"], env={})
+    for argv, message in (
+        (["--max-connection-age-s", "-1"], "--max-connection-age-s, --max-connection-age-grace-s and"),
+        (["--keepalive-timeout-s", "0"], "--keepalive-timeout-s must be > 0"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            load_config(argv, env={})
+        assert info.value.code == 2, argv  # argparse's usage error
+        assert message in capsys.readouterr().err, argv

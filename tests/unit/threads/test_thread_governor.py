@@ -220,6 +220,7 @@ class FakeStat:
         return sig
 
 
+@pytest.mark.may_skip  # on a machine where this process may not use every CPU
 def test_neighbour_cpu_is_the_machine_busy_time_minus_our_own(tmp_path: Path) -> None:
     fake = FakeStat(tmp_path)
     sig = fake.signal()
@@ -389,6 +390,7 @@ def test_a_full_thread_collapse_drops_even_when_the_signal_says_quiet() -> None:
     assert g.chosen == 1
 
 
+@pytest.mark.may_skip  # on a machine where this process may not use every CPU
 def test_a_neighbour_sample_spanning_an_idle_gap_is_discarded(tmp_path: Path) -> None:
     """Other processes' CPU while we had no steps says nothing about the load we run beside now."""
     fake = FakeStat(tmp_path)

@@ -1,0 +1,126 @@
+"""A tiny byte-level BPE vocabulary written as a vocabulary-only GGUF file (no weights, no download).
+
+Unit tests of the tokenizer-facing code (grammars, masks, the duplicate-key guard, the request
+builder) need a real llama.cpp vocabulary but not the default model's 49,152 tokens: ``build``
+writes one of about 600 tokens, shaped like SmolLM2's (GPT-2 byte-level BPE without the bytes SmolLM2 lacks, the ``smollm``
+pre-tokenizer, ChatML control tokens at ids 0-2, no BOS added; ``add_bos=True`` gives a vocabulary
+that wants its BOS ``<s>``, id 3, like Gemma's), that ``Vocab.load`` reads as it
+reads the default model's. The merges are learnt from ``CORPUS`` (JSON and short English), so
+tokens span JSON punctuation and whole words, as real tokens do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+
+CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]  # "<s>": the BOS of add_bos=True
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    '{"name":"Al","age":3}',
+    '{"name": "Bo", "age": 7, "tags": ["a", "b"], "ok": true, "none": null}',
+    '{"id":1,"items":[{"x":1.5},{"y":-2}],"format":"x","not":1}',
+    '[{"key":"value"},{"type":"object","properties":{},"required":[]}]',
+    "What is the primary function of the human brain? The brain controls the body.",
+    "Once upon a time there was a small town by the sea, and the people were happy.",
+    "The capital of France is Paris. The capital of Italy is Rome. yes no maybe",
+    "Hello world! Count: one, two, three, four, five. 0123456789",
+    "def main():\n    return 42\n",
+]
+MERGES = 400
+# Bytes SmolLM2's vocabulary has no token for (never in UTF-8, or rare control characters): left out
+# here too, so a constraint that needs one is refused as it is with the default model.
+MISSING_BYTES = frozenset({4, 6, 19, 20, 22, 29, 192, 193, *range(241, 243), *range(245, 256)})
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-in for each byte value, as byte-level BPE vocabularies store tokens."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+BYTE_CHARS = _byte_chars()
+WORDS = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
+
+
+def _learn_merges(corpus: list[str], n: int) -> list[tuple[str, str]]:
+    """``n`` BPE merges of the corpus's pre-tokenized words, most frequent pair first (ties by pair)."""
+    words = Counter(
+        tuple(BYTE_CHARS[b] for b in w.encode()) for text in corpus for w in WORDS.findall(text)
+    )
+    merges: list[tuple[str, str]] = []
+    while len(merges) < n:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for word, count in words.items():
+            for pair in pairwise(word):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        merged: Counter[tuple[str, ...]] = Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return merges
+
+
+def build(path: Path, add_bos: bool = False) -> Path:
+    """Write the tiny vocabulary to ``path`` (a GGUF file llama.cpp loads with ``vocab_only``)."""
+    import gguf
+
+    merges = _learn_merges(CORPUS, MERGES)
+    tokens = [*CONTROL, *(c for b, c in enumerate(BYTE_CHARS) if b not in MISSING_BYTES)]
+    seen = set(tokens)
+    for a, b in merges:
+        if a + b not in seen:
+            tokens.append(a + b)
+            seen.add(a + b)
+    types = [gguf.TokenType.CONTROL] * len(CONTROL) + [gguf.TokenType.NORMAL] * (len(tokens) - len(CONTROL))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-vocab")
+    writer.add_context_length(2048)
+    writer.add_embedding_length(64)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(1)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([f"{a} {b}" for a, b in merges])
+    writer.add_bos_token_id(3 if add_bos else 1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_pad_token_id(2)
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
