@@ -8,9 +8,10 @@ STAMP := $(VENV)/.setup-stamp
 GEN := clients/python/inference/v1
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
+LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint stubs model bench-model bench bench-env soak polyglot semantic clean help
+.PHONY: setup serve test unit lint stubs model bench-model llama-tools bench bench-env soak polyglot semantic clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -60,6 +61,11 @@ $(DEFAULT_MODEL):
 bench-model: $(BENCH_MODEL)
 $(BENCH_MODEL):
 	$(PYTHON) scripts/fetch_model.py bench --dest models
+
+# llama.cpp's own llama-server, llama-batched-bench and llama-quantize, built once from the llama.cpp
+# vendored in the pinned llama-cpp-python sdist (from PyPI) into $(LLAMA_TOOLS)/bin.
+llama-tools:
+	PYTHON=$(PYTHON) LLAMA_TOOLS_DIR=$(CURDIR)/$(LLAMA_TOOLS) bash scripts/build_llama_tools.sh
 
 serve: setup
 	$(PY) -m service --model $(DEFAULT_MODEL) $(ARGS)
