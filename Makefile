@@ -8,10 +8,11 @@ STAMP := $(VENV)/.setup-stamp
 GEN := clients/python/inference/v1
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
+BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
 LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint stubs model bench-model llama-tools bench bench-env soak polyglot semantic clean help
+.PHONY: setup serve test unit lint stubs model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -66,6 +67,13 @@ $(BENCH_MODEL):
 # vendored in the pinned llama-cpp-python sdist (from PyPI) into $(LLAMA_TOOLS)/bin.
 llama-tools:
 	PYTHON=$(PYTHON) LLAMA_TOOLS_DIR=$(CURDIR)/$(LLAMA_TOOLS) bash scripts/build_llama_tools.sh
+
+# A 1.1B-class benchmark model (TinyLlama's shape, seeded random weights, the default model's
+# tokenizer), written with the gguf package and quantized to Q4_K_M; checked against a pinned sha256.
+bench-model-1b: $(BENCH_MODEL_1B)
+$(BENCH_MODEL_1B):
+	$(MAKE) setup llama-tools
+	$(PY) scripts/make_bench_model_1b.py --dest models --quantize $(LLAMA_TOOLS)/bin/llama-quantize
 
 serve: setup
 	$(PY) -m service --model $(DEFAULT_MODEL) $(ARGS)
