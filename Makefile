@@ -18,6 +18,8 @@ help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
 	@echo "make test    - set up and run the test suite"
 	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
+	@echo "make llama-tools - build llama.cpp's llama-server, llama-batched-bench and llama-quantize (.llama-tools/bin)"
+	@echo "make bench-model-1b - build the 1.1B-shape benchmark model (synthetic weights, Q4_K_M, pinned sha256)"
 	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
 	@echo "make lint    - ruff, mypy and buf lint"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"

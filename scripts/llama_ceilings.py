@@ -6,9 +6,12 @@ Usage: python scripts/llama_ceilings.py [--out bench/results/extra/ceilings_llam
 Why: "x% of the ceiling" needs a ceiling measured on the same machine with the same llama.cpp:
 llama-batched-bench (built from the llama.cpp that the pinned llama-cpp-python vendors) decodes
 ``npl`` sequences of ``ntg`` tokens after an ``npp``-token prompt each, at a fixed thread count;
-its ``speed_tg`` is decode-only tokens/s over all rows. Each run holds the machine-wide benchmark
-lock (/tmp/bench.lock, flock(2) as ``flock /tmp/bench.lock ...`` takes it) and records the load
-average just before it starts.
+its ``speed_tg`` is decode-only tokens/s over all rows. The runs hold the machine-wide benchmark
+lock (/tmp/bench.lock, flock(2) as ``flock /tmp/bench.lock ...`` takes it); each waits (up to
+--quiet-timeout) for other processes to leave the cores idle and records the load average and
+the cores in use just before it starts, and the cores other processes used while it ran (the
+machine's busy time minus llama-batched-bench's own CPU time): the lock only keeps other
+benchmarks out, and 2 threads on 2 cores lose most of their speed to any neighbour.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import argparse
 import contextlib
 import fcntl
 import json
+import os
 import platform
+import resource
 import shlex
 import subprocess
 import time
@@ -49,6 +54,35 @@ def loadavg() -> list[float]:
     return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
 
 
+def cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far (all cores, from /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    busy = sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def busy_cores(seconds: float = 5.0) -> float:
+    """Cores in use by everything on the machine over the next `seconds`."""
+    before = cpu_seconds()
+    time.sleep(seconds)
+    return round((cpu_seconds() - before) / seconds, 2)
+
+
+def wait_for_quiet(threshold: float, timeout: float) -> float:
+    """Wait (holding the lock) until other work uses under `threshold` cores; return the last sample."""
+    deadline = time.time() + timeout
+    busy = busy_cores()
+    while busy >= threshold and time.time() < deadline:
+        print(f"waiting for a quiet machine: {busy} cores busy")
+        busy = busy_cores()
+    return busy
+
+
 def git_rev() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return out.stdout.strip()
@@ -67,14 +101,19 @@ def run(model: str, args: argparse.Namespace) -> dict[str, Any]:
         "-tb", str(args.threads), "-npp", args.npp, "-ntg", args.ntg, "-npl", args.npl,
         "--output-format", "jsonl",
     ]
+    busy = wait_for_quiet(args.quiet_below, args.quiet_timeout)
     load = loadavg()
-    start = time.time()
+    start, machine0, ours0 = time.time(), cpu_seconds(), children_cpu_seconds()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    wall = time.time() - start
+    others = (cpu_seconds() - machine0 - (children_cpu_seconds() - ours0)) / wall
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {
         "command": shlex.join(cmd),
         "loadavg_before": load,
-        "wall_s": round(time.time() - start, 1),
+        "busy_cores_before": busy,
+        "wall_s": round(wall, 1),
+        "other_cores_during": round(others, 2),
         "decode_tok_s_by_rows": {str(r["pl"]): round(r["speed_tg"], 2) for r in rows},
         "rows": rows,
     }
@@ -88,6 +127,9 @@ def main() -> None:
     parser.add_argument("--npp", default="32")
     parser.add_argument("--ntg", default="64")
     parser.add_argument("--npl", default="1,4,16,32")
+    parser.add_argument("--quiet-below", type=float, default=0.3,
+                        help="wait until other processes use fewer cores than this (5 s sample)")
+    parser.add_argument("--quiet-timeout", type=float, default=600, help="seconds to wait for that, then run anyway")
     args = parser.parse_args()
 
     stamp = (ROOT / ".llama-tools" / "stamp").read_text().split(" cmake:")[0]
@@ -103,7 +145,9 @@ def main() -> None:
     with bench_lock():
         for name, path in MODELS.items():
             result["models"][name] = run(path, args)
-            print(name, result["models"][name]["decode_tok_s_by_rows"], "load before", result["models"][name]["loadavg_before"])
+            r = result["models"][name]
+            print(name, r["decode_tok_s_by_rows"], "load", r["loadavg_before"], "busy", r["busy_cores_before"],
+                  "others during", r["other_cores_during"])
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
