@@ -8,14 +8,18 @@ STAMP := $(VENV)/.setup-stamp
 GEN := clients/python/inference/v1
 DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
+BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
+LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs model bench-model bench bench-env soak polyglot semantic clean help
+.PHONY: setup serve test unit lint docs stubs model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
 	@echo "make test    - set up and run the test suite"
 	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
+	@echo "make llama-tools - build llama.cpp's llama-server, llama-batched-bench and llama-quantize (.llama-tools/bin)"
+	@echo "make bench-model-1b - build the 1.1B-shape benchmark model (synthetic weights, Q4_K_M, pinned sha256)"
 	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
 	@echo "make lint    - ruff, mypy, import-linter (the dependency rule) and buf lint"
 	@echo "make docs    - regenerate docs/configuration.md from service/config.py (a test fails when stale)"
@@ -61,6 +65,18 @@ $(DEFAULT_MODEL):
 bench-model: $(BENCH_MODEL)
 $(BENCH_MODEL):
 	$(PYTHON) scripts/fetch_model.py bench --dest models
+
+# llama.cpp's own llama-server, llama-batched-bench and llama-quantize, built once from the llama.cpp
+# vendored in the pinned llama-cpp-python sdist (from PyPI) into $(LLAMA_TOOLS)/bin.
+llama-tools:
+	PYTHON=$(PYTHON) LLAMA_TOOLS_DIR=$(CURDIR)/$(LLAMA_TOOLS) bash scripts/build_llama_tools.sh
+
+# A 1.1B-class benchmark model (TinyLlama's shape, seeded random weights, the default model's
+# tokenizer), written with the gguf package and quantized to Q4_K_M; checked against a pinned sha256.
+bench-model-1b: $(BENCH_MODEL_1B)
+$(BENCH_MODEL_1B):
+	$(MAKE) setup llama-tools
+	$(PY) scripts/make_bench_model_1b.py --dest models --quantize $(LLAMA_TOOLS)/bin/llama-quantize
 
 serve: setup
 	$(PY) -m service --model $(DEFAULT_MODEL) $(ARGS)

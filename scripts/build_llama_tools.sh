@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own tools from the llama.cpp that the pinned llama-cpp-python vendors.
+#
+# Usage: scripts/build_llama_tools.sh            (make llama-tools)
+#
+# What: llama-server (the peer the benchmarks compare against), llama-batched-bench (decode
+# ceilings) and llama-quantize (make bench-model-1b), CPU only, into .llama-tools/bin/.
+# Why from the sdist: the peer must run the same llama.cpp revision as our libllama, so the
+# llama-cpp-python sdist pinned in requirements.lock is downloaded from PyPI (never GitHub or a
+# model hub), its sha256 checked, and vendor/llama.cpp built with the options llama-cpp-python's
+# own CMakeLists.txt uses for libllama: Release, GGML_NATIVE at its default (ON: -march=native),
+# OpenMP and llamafile kernels at their defaults, curl off. Differences, none of which touch the
+# compute kernels' flags: static libraries (self-contained binaries; the pip build is shared),
+# no OpenSSL, and no web UI (LLAMA_USE_PREBUILT_UI=OFF: it would download assets from a hub).
+#
+# Idempotent: .llama-tools/stamp records the version, sdist sha256 and cmake options; when it
+# matches and the binaries exist nothing is done. Sources and build tree are deleted after.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${LLAMA_TOOLS_DIR:-$ROOT/.llama-tools}"
+PYTHON="${PYTHON:-python3}"
+JOBS="${JOBS:-2}"
+TOOLS=(llama-server llama-batched-bench llama-quantize)
+
+VERSION="$(sed -n 's/^llama_cpp_python==//p' "$ROOT/requirements.lock")"
+# sha256 of llama_cpp_python-<version>.tar.gz on PyPI; update together with requirements.lock.
+declare -A SDIST_SHA256=(
+    [0.3.36]=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+)
+SHA="${SDIST_SHA256[$VERSION]:-}"
+if [[ -z "$SHA" ]]; then
+    echo "build_llama_tools: no sdist sha256 pinned for llama-cpp-python==$VERSION;" \
+        "add it to SDIST_SHA256 in $0" >&2
+    exit 1
+fi
+
+# LLAMA_CURL is accepted but deprecated (a no-op) in this llama.cpp: downloading is gone from it.
+CMAKE_ARGS=(
+    -DCMAKE_BUILD_TYPE=Release
+    -DGGML_NATIVE=ON
+    -DBUILD_SHARED_LIBS=OFF
+    -DLLAMA_CURL=OFF
+    -DLLAMA_OPENSSL=OFF
+    -DLLAMA_BUILD_UI=OFF
+    -DLLAMA_USE_PREBUILT_UI=OFF
+    -DLLAMA_BUILD_TESTS=OFF
+    -DLLAMA_BUILD_EXAMPLES=OFF
+)
+STAMP_TEXT="llama-cpp-python==$VERSION sdist-sha256=$SHA cmake: ${CMAKE_ARGS[*]}"
+
+all_built() {
+    local tool
+    for tool in "${TOOLS[@]}"; do
+        [[ -x "$OUT/bin/$tool" ]] || return 1
+    done
+}
+
+if [[ -f "$OUT/stamp" && "$(cat "$OUT/stamp")" == "$STAMP_TEXT" ]] && all_built; then
+    echo "llama-tools: present ($OUT/bin, llama-cpp-python==$VERSION)"
+    exit 0
+fi
+
+rm -rf "$OUT/src" "$OUT/build" "$OUT/stamp"
+mkdir -p "$OUT/src" "$OUT/bin"
+start=$SECONDS
+
+"$PYTHON" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$OUT/src"
+TARBALL="$OUT/src/llama_cpp_python-$VERSION.tar.gz"
+echo "$SHA  $TARBALL" | sha256sum --check --quiet
+tar -xzf "$TARBALL" -C "$OUT/src"
+LLAMA_SRC="$OUT/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
+
+# SOURCE_DATE_EPOCH in the environment would turn GGML_NATIVE's default off in the pip build;
+# it is forced ON here, so unset it to keep the two configurations alike either way.
+env -u SOURCE_DATE_EPOCH cmake -S "$LLAMA_SRC" -B "$OUT/build" "${CMAKE_ARGS[@]}"
+cmake --build "$OUT/build" --config Release -j "$JOBS" --target "${TOOLS[@]}"
+
+for tool in "${TOOLS[@]}"; do
+    install -m 0755 "$OUT/build/bin/$tool" "$OUT/bin/$tool"
+done
+rm -rf "$OUT/src" "$OUT/build"
+echo "$STAMP_TEXT" > "$OUT/stamp"
+echo "llama-tools: built ${TOOLS[*]} into $OUT/bin in $((SECONDS - start)) s"
