@@ -20,6 +20,10 @@ client-certificate identities (a SAN URI or the subject CN) that authenticate
 as the tenant without a token when mTLS is on. ``roles``: ``user`` may generate,
 ``admin`` may also read GetMetrics. Quotas of 0 mean unlimited.
 
+A file is refused (``TenantFileError``, one line naming the problem) when a
+tenant name appears twice, or when one token digest or one identity is listed
+under two tenants: either would silently take a tenant's credentials away.
+
 ``TenantFile`` re-reads the file when its mtime changes (checked at most every
 ``check_interval_s``) or when ``reload()`` is called (SIGHUP). A file that fails
 to parse is logged and ignored: the previous tenants stay in force.
@@ -125,15 +129,52 @@ def _tenant(name: str, raw: dict[str, Any]) -> Tenant:
     return tenant
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` object hook: a key given twice is an error, not "the last one wins".
+
+    NOTE: plain ``json.loads`` keeps the last of two same-named tenants, so the
+    first tenant's tokens would stop working with nothing in the log. (TOML
+    refuses duplicate keys by itself.)
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise TenantFileError(f"{key!r} is given twice in one object (tenant names and keys must be unique)")
+        out[key] = value
+    return out
+
+
+def _check_disjoint(tenants: dict[str, Tenant]) -> None:
+    """Refuse a token digest or identity listed under two tenants (which one would it authenticate?)."""
+    owners: dict[bytes | str, str] = {}
+    for tenant in tenants.values():
+        listed: tuple[tuple[str, tuple[bytes | str, ...]], ...] = (
+            ("token_sha256 entry", tenant.token_sha256),
+            ("identity", tenant.identities),
+        )
+        for what, items in listed:
+            for item in dict.fromkeys(items):  # repeated within one tenant: harmless
+                other = owners.setdefault(item, tenant.name)
+                if other != tenant.name:
+                    # NOTE: the digest itself is not logged; tenants are named, which is enough to find it
+                    shown = "" if isinstance(item, bytes) else f" {item!r}"
+                    raise TenantFileError(
+                        f"the same {what}{shown} is listed under tenants {other!r} and {tenant.name!r}"
+                    )
+
+
 def parse_table(text: str, toml: bool = False) -> TenantTable:
-    """Parse the tenants file's text; raises TenantFileError."""
+    """Parse the tenants file's text; raises TenantFileError (also for duplicate names, digests, identities)."""
     try:
-        raw = tomllib.loads(text) if toml else json.loads(text)
+        raw = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
+        if isinstance(exc, TenantFileError):
+            raise
         raise TenantFileError(f"cannot parse tenants file: {exc}") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("tenants"), dict):
         raise TenantFileError("tenants file needs a 'tenants' table")
     tenants = {str(n): _tenant(str(n), t) for n, t in raw["tenants"].items()}
+    _check_disjoint(tenants)
     open_services = frozenset(raw.get("open_services", DEFAULT_OPEN_SERVICES))
     return TenantTable(tenants, open_services)
 
