@@ -32,7 +32,7 @@ from service.observability.engine_metrics import EngineMetrics
 from service.observability.telemetry import Telemetry
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
-from service.request.events import Done, Error, take_output
+from service.request.events import DRAINING, ENGINE_FAILED, Done, Error, take_output
 from service.request.sequence import FinishReason, Priority, Sequence
 from service.scheduler.admission import RetryHints
 from service.scheduler.plan import Plan
@@ -44,9 +44,13 @@ log = logging.getLogger("service.engine")
 class Draining(Exception):
     """The server is shutting down and accepts no new requests."""
 
+    reason = DRAINING  # ``Error.reason``: clients may retry the request on another replica
+
 
 class EngineFailed(Draining):
     """The engine thread died or stalled; nothing more is accepted (UNAVAILABLE to clients)."""
+
+    reason = ENGINE_FAILED
 
 
 class ThreadControl(Protocol):
@@ -291,17 +295,17 @@ class Engine:
         events: list[tuple[Sequence, Any]] = []
         for s in self.scheduler.waiting + self.scheduler.running:
             self.scheduler.abort(s)
-            events.append(self._ended(s, "UNAVAILABLE", self._cancel_message))
+            events.append(self._ended(s, "UNAVAILABLE", self._cancel_message, DRAINING))
         self._dispatch(events)
 
     def _left_queue(self, seq: Sequence) -> bool:
         return self.admission.leave(seq)
 
-    def _ended(self, seq: Sequence, status: str, message: str) -> tuple[Sequence, Error]:
+    def _ended(self, seq: Sequence, status: str, message: str, reason: str = "") -> tuple[Sequence, Error]:
         """The one way the engine ends a request it removed with an error: counted, then its event."""
         self._left_queue(seq)
         self.metrics.on_finish(seq)
-        return seq, Error(status, message)
+        return seq, Error(status, message, reason)
 
     def step(self) -> None:
         """(propose) -> plan -> forward -> mask -> sample -> (verify) -> update -> emit."""
@@ -415,4 +419,4 @@ class Engine:
         with self._life:
             seqs = list(self._live.values())
         message = f"engine failed ({cause}); retry on another replica"
-        self._dispatch([(s, Error("UNAVAILABLE", message)) for s in seqs])
+        self._dispatch([(s, Error("UNAVAILABLE", message, ENGINE_FAILED)) for s in seqs])

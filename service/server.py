@@ -164,7 +164,7 @@ class InferenceServer:
         deadline = time.monotonic() + grace_s
         while self._in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        self.engine.cancel_all("server shutting down: grace period over")
+        self.engine.cancel_all("server is shutting down: grace period over; retry on another replica")
         deadline = time.monotonic() + 5.0
         while self._in_flight() and time.monotonic() < deadline:  # cancelled between two steps
             await asyncio.sleep(0.02)

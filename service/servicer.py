@@ -20,7 +20,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from service.api.cache_front import Replay
 from service.api.generate_stream import GenerateStream, StreamLimits
-from service.api.intake import Intake, rejection, rpc_deadline
+from service.api.intake import Intake, Need, rejection, rpc_deadline, unavailable_metadata
 from service.api.model_rpcs import ModelApi, model_api_for
 from service.api.proto_convert import done_proto, logprob_proto
 from service.continuous_batcher import Draining
@@ -51,7 +51,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def Generate(
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
-        await self.intake.require(context)
+        await self.intake.require(context, Need.WORK)
         stream = GenerateStream(self.intake, context, self.stream_limits)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
@@ -66,7 +66,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GenerateJSON(
         self, request: pb.GenerateJSONRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateJSONResponse:
-        await self.intake.require(context)
+        await self.intake.require(context, Need.WORK)
         if not request.json_schema:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "json_schema is empty")
         result: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
@@ -77,9 +77,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             self.intake.submit(seq)
         except (QueueFull, Draining) as exc:
             r = rejection(exc)
-            if isinstance(exc, QueueFull):
-                quota = ((QUOTA_METADATA_KEY, r.quota),) if r.quota else ()
-                context.set_trailing_metadata((("retry-after-ms", str(r.retry_after_ms)), *quota))
+            quota = ((QUOTA_METADATA_KEY, r.quota),) if r.quota else ()
+            reason = unavailable_metadata(r.reason)
+            context.set_trailing_metadata((("retry-after-ms", str(r.retry_after_ms)), *quota, *reason))
             await context.abort(grpc.StatusCode[r.status], r.message)
         try:
             evs = await result
@@ -129,6 +129,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     ) -> pb.GenerateJSONResponse:
         last = evs[-1]
         if isinstance(last, Error):
+            context.set_trailing_metadata(unavailable_metadata(last.reason))
             await context.abort(grpc.StatusCode[last.status], last.message)
         text = "".join(e.text for e in evs if isinstance(e, Delta))
         if last.finish_reason is FinishReason.LENGTH:
@@ -164,7 +165,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     # -- GetMetrics ------------------------------------------------------------------------------
     async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext) -> Any:
-        await self.intake.require(context, work=False)
+        await self.intake.require(context, Need.MODEL)
         i = self.intake
         return metrics_response(i.engine, i.grammar, i.tenancy, i.cache.metrics())
 
@@ -183,7 +184,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     async def _model_call(self, context: grpc.aio.ServicerContext, call: Any) -> Any:
         """Answer a model RPC (``call()``, once the model is loaded); a BadRequest becomes its status."""
-        await self.intake.require(context, work=False)
+        await self.intake.require(context, Need.MODEL)
         try:
             return await call()
         except BadRequest as exc:

@@ -27,7 +27,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
-from service.api.intake import Intake, rejection, rpc_deadline
+from service.api.intake import Intake, Need, rejection, rpc_deadline
 from service.api.proto_convert import delta_proto, done_proto, error_proto, response_format
 from service.api.request_builder import MAX_REQUEST_ID_BYTES
 from service.api.tolerant_decoding import MALFORMED
@@ -109,6 +109,11 @@ class GenerateStream:
 
     async def _start(self, req: pb.GenerateRequest) -> None:
         rid = req.request_id
+        if (why := self.intake.unavailable(Need.WORK)) is not None:
+            # NOTE: the drain rule (service.api.intake) comes before any preparation: a draining
+            # server answers a new request UNAVAILABLE whatever it holds, as it does a new RPC.
+            self._end(rid, error=error_proto("UNAVAILABLE", why.message, 1000, reason=why.reason))
+            return
         try:
             seqs = await self.intake.prepare_choices(
                 rid,
@@ -120,11 +125,11 @@ class GenerateStream:
                 rpc_deadline(self.context),
             )
         except BadRequest as exc:
-            self._end(rid, error=(exc.status, str(exc), 0))
+            self._end(rid, error=error_proto(exc.status, str(exc)))
             return
         except Exception as exc:  # a bug or an environment failure: this request only
             log.exception("preparing request failed")
-            self._end(rid, error=("INTERNAL", f"preparing the request failed: {type(exc).__name__}", 0))
+            self._end(rid, error=error_proto("INTERNAL", f"preparing the request failed: {type(exc).__name__}"))
             return
         if rid in self.cancelled:  # cancelled while being prepared
             self._end(rid, done=pb.Done(finish_reason=pb.FINISH_REASON_CANCELLED))
@@ -133,7 +138,7 @@ class GenerateStream:
         if replay is not None:  # answered by the response cache (service.response_cache): no engine work
             for delta in replay.deltas:
                 self._put(pb.GenerateResponse(request_id=rid, delta=delta))
-            self._end(rid, done=replay.done, error=replay.error)
+            self._end(rid, done=replay.done, error=error_proto(*replay.error) if replay.error else None)
             return
         submitted: list[Sequence] = []
         try:
@@ -145,7 +150,7 @@ class GenerateStream:
             for seq in submitted:  # their CANCELLED events find the request ended and are dropped
                 self.intake.abort(seq)
             r = rejection(exc)
-            self._end(rid, error=(r.status, r.message, r.retry_after_ms, r.quota))
+            self._end(rid, error=error_proto(r.status, r.message, r.retry_after_ms, r.quota, r.reason))
             return
         self.active[rid] = seqs[0]
         if len(seqs) > 1:
@@ -174,7 +179,7 @@ class GenerateStream:
             for other in members(lead):  # one Error ends the whole request
                 if other is not seq:
                     self.intake.abort(other)
-            self._end(rid, error=(ev.status, ev.message, 0))
+            self._end(rid, error=error_proto(ev.status, ev.message, reason=ev.reason))
 
     def _cancel(self, rid: str) -> None:
         if rid in self.finished:
@@ -191,9 +196,7 @@ class GenerateStream:
                 self.intake.abort(choice)
 
     # -- output ------------------------------------------------------------------------------
-    def _end(
-        self, rid: str, *, done: pb.Done | None = None, error: tuple[str, str, int] | tuple[str, str, int, str] | None = None
-    ) -> None:
+    def _end(self, rid: str, *, done: pb.Done | None = None, error: pb.Error | None = None) -> None:
         """The one place a request's terminal event is queued."""
         self.active.pop(rid, None)
         self.remaining.pop(rid, None)
@@ -205,7 +208,7 @@ class GenerateStream:
             self._put(pb.GenerateResponse(request_id=rid, done=done))
         else:
             assert error is not None
-            self._put_error(rid, *error)
+            self._put(pb.GenerateResponse(request_id=rid, error=error))
         self._maybe_close()
 
     def _put_error(self, rid: str, status: str, message: str, retry_after_ms: int = 0, quota: str = "") -> None:

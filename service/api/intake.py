@@ -5,9 +5,21 @@ through one ``Intake``; none of them holds the gRPC servicer.
 
 Contract:
 
-* ``unavailable(work)`` says why the server takes no request now (the model is
-  loading; for calls that start work also: the engine failed, or it drains),
-  or None; it is the only place these conditions are decided;
+* ``unavailable(need)`` says why the server does not answer a call now, or
+  None; it is the only place these conditions are decided. The rule, by what
+  the call needs (``Need``; every method of both services names its need):
+
+  ====================  =========  =============  ========
+  need                  loading    engine failed  draining
+  ====================  =========  =============  ========
+  ``WORK`` (engine)     refused    refused        refused
+  ``MODEL`` (read)      refused    answered       answered
+  ``STORE`` (batch db)  answered   answered       answered
+  ====================  =========  =============  ========
+
+  A refusal is UNAVAILABLE with the reason in the message and in the trailing
+  metadata key ``inference-unavailable-reason`` (``loading``, ``draining``,
+  ``engine_failed``: the last two mean "retry on another replica");
 * ``prepare`` validates request fields into a ``Sequence`` (not submitted;
   raises ``BadRequest``), ``prepare_choices`` one per choice (``n``);
 * ``submit`` applies the tenant's quotas and admits into the engine;
@@ -20,6 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import grpc
@@ -33,14 +46,30 @@ from service.observability.telemetry import Telemetry
 from service.priority import QueueFull
 from service.request.choices import link_choices
 from service.request.errors import BadRequest
-from service.request.events import Error
+from service.request.events import DRAINING, ENGINE_FAILED, LOADING, Error
 from service.request.sequence import Sequence
 from service.request.text_stream import TextStream
 from service.security.auth import current_tenant
 from service.security.tenancy import Tenancy
 
 DEADLINE_MARGIN_S = 0.05
-LOADING = "model is loading; retry shortly"
+REASON_METADATA_KEY = "inference-unavailable-reason"
+
+
+class Need(Enum):
+    """What a call needs from the server, which decides when it is refused (see the module docstring)."""
+
+    WORK = "work"  # starts engine work: Generate (each request), GenerateJSON, CreateBatch
+    MODEL = "model"  # reads the loaded model or engine: Tokenize, Detokenize, CountTokens, GetModelInfo, GetMetrics
+    STORE = "store"  # reads or cancels stored batch jobs: GetBatch, ListBatches, WatchBatch, GetBatchResults, ...
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Why a call is refused: the status message and the machine-readable reason."""
+
+    reason: str  # service.request.events.LOADING, DRAINING or ENGINE_FAILED
+    message: str
 
 
 @dataclass(frozen=True)
@@ -51,13 +80,23 @@ class Rejection:
     message: str
     retry_after_ms: int = 0
     quota: str = ""  # the tenant quota that refused it, if one did
+    reason: str = ""  # UNAVAILABLE: draining or engine_failed (retry on another replica)
+
+    def error(self) -> Error:
+        """The refusal as a request's error event."""
+        return Error(self.status, self.message, self.reason)
 
 
 def rejection(exc: QueueFull | Draining) -> Rejection:
     """A full queue or quota is RESOURCE_EXHAUSTED with its retry hint; draining or failed, UNAVAILABLE."""
     if isinstance(exc, QueueFull):
         return Rejection("RESOURCE_EXHAUSTED", str(exc), exc.retry_after_ms, exc.quota)
-    return Rejection("UNAVAILABLE", str(exc), 1000)
+    return Rejection("UNAVAILABLE", f"{exc}; retry on another replica", 1000, reason=exc.reason)
+
+
+def unavailable_metadata(reason: str) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata of an RPC that failed UNAVAILABLE for ``reason`` (none for no reason)."""
+    return ((REASON_METADATA_KEY, reason),) if reason else ()
 
 
 def rpc_deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -90,22 +129,25 @@ class Intake:
         self.engine, self.builder, self.grammar = engine, builder, grammar
         self.ready = True
 
-    def unavailable(self, work: bool = True) -> str | None:
-        """Why no request is taken now (None: ready); ``work=False`` for calls that start no engine work."""
+    def unavailable(self, need: Need = Need.WORK) -> Unavailable | None:
+        """Why a call with this ``need`` is refused now, or None (the rule of the module docstring)."""
+        if need is Need.STORE:
+            return None
         if not self.ready:
-            return LOADING
-        if not work:
+            return Unavailable(LOADING, "model is loading; retry shortly")
+        if need is Need.MODEL:
             return None
         if self.engine.failure is not None:
-            return f"engine failed ({self.engine.failure}); retry on another replica"
+            return Unavailable(ENGINE_FAILED, f"engine failed ({self.engine.failure}); retry on another replica")
         if self.engine.draining:
-            return "server is shutting down; retry on another replica"
+            return Unavailable(DRAINING, "server is shutting down; retry on another replica")
         return None
 
-    async def require(self, context: grpc.aio.ServicerContext, work: bool = True) -> None:
-        """Abort the RPC with UNAVAILABLE unless the server takes requests (see ``unavailable``)."""
-        if (why := self.unavailable(work)) is not None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, why)
+    async def require(self, context: grpc.aio.ServicerContext, need: Need) -> None:
+        """Abort the RPC with UNAVAILABLE (reason in the trailing metadata) if ``unavailable(need)``."""
+        if (why := self.unavailable(need)) is not None:
+            context.set_trailing_metadata(unavailable_metadata(why.reason))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, why.message)
 
     async def prepare(
         self,
@@ -147,7 +189,7 @@ class Intake:
         try:
             self.tenancy.submit(seq, self.engine.submit)  # per-tenant quotas first (QuotaExceeded)
         except (QueueFull, Draining) as exc:
-            self.telemetry.on_finish(seq, Error(rejection(exc).status, str(exc)))
+            self.telemetry.on_finish(seq, rejection(exc).error())
             self.cache.submitted(seq, False)
             raise
         self.cache.submitted(seq, True)

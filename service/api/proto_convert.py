@@ -46,10 +46,15 @@ def delta_proto(d: Delta) -> pb.Delta:
     )
 
 
-def error_proto(status: str, message: str, retry_after_ms: int = 0, quota: str = "") -> pb.Error:
+def error_proto(status: str, message: str, retry_after_ms: int = 0, quota: str = "", reason: str = "") -> pb.Error:
     code = grpc.StatusCode[status]
     return pb.Error(
-        code=code.value[0], status=status, message=message, retry_after_ms=retry_after_ms, quota=quota
+        code=code.value[0],
+        status=status,
+        message=message,
+        retry_after_ms=retry_after_ms,
+        quota=quota,
+        reason=reason,
     )
 
 

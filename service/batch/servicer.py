@@ -17,7 +17,7 @@ from inference.v1 import batch_pb2 as bpb
 from inference.v1 import batch_pb2_grpc as bpb_grpc
 from opentelemetry import trace
 
-from service.api.intake import Intake
+from service.api.intake import Intake, Need
 from service.api.tolerant_decoding import MALFORMED
 from service.batch.convert import job_proto, result_proto, spec_of
 from service.batch.items import StoreThread, check_custom_id, prepare, sort_key
@@ -38,6 +38,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
         self.db, self.worker, self.intake = db, worker, intake
 
     async def _job(self, batch_id: str, context: grpc.aio.ServicerContext) -> Job:
+        await self.intake.require(context, Need.STORE)
         job: Job | None = await self.db("get_job", current_tenant(), batch_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {batch_id!r}")
@@ -48,7 +49,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     async def CreateBatch(
         self, request_iterator: AsyncIterator[bpb.CreateBatchRequest], context: grpc.aio.ServicerContext
     ) -> bpb.CreateBatchResponse:
-        await self.intake.require(context)
+        await self.intake.require(context, Need.WORK)
         upload = _Upload(self)
         try:
             async for msg in request_iterator:
@@ -74,6 +75,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
         return bpb.GetBatchResponse(batch=job_proto(await self._job(request.batch_id, context)))
 
     async def ListBatches(self, request: bpb.ListBatchesRequest, context: grpc.aio.ServicerContext) -> Any:
+        await self.intake.require(context, Need.STORE)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         try:
             jobs, token = await self.db("list_jobs", current_tenant(), size, request.page_token)
@@ -82,6 +84,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
         return bpb.ListBatchesResponse(batches=[job_proto(j) for j in jobs], next_page_token=token)
 
     async def CancelBatch(self, request: bpb.CancelBatchRequest, context: grpc.aio.ServicerContext) -> Any:
+        await self.intake.require(context, Need.STORE)
         job = await self.db("cancel_job", current_tenant(), request.batch_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {request.batch_id!r}")

@@ -50,12 +50,19 @@ class Done:
         )
 
 
+# ``Error.reason`` of an UNAVAILABLE that says "this replica is going away: retry on another one".
+DRAINING = "draining"  # the server shuts down (SIGTERM): refused, or cut when the grace period ended
+ENGINE_FAILED = "engine_failed"  # the engine thread died or stalled; the process exits
+LOADING = "loading"  # the model is not loaded yet (an RPC refused at its start)
+
+
 @dataclass(frozen=True)
 class Error:
-    """A per-request failure: ``status`` is a grpc.StatusCode name."""
+    """A per-request failure: ``status`` is a grpc.StatusCode name; ``reason`` one of the constants above, or ""."""
 
     status: str
     message: str
+    reason: str = ""
 
 
 def take_output(seq: Sequence, finished: bool) -> list[Delta]:
