@@ -10,7 +10,11 @@ Contract (every path below is tested):
 * an unread stream does not grow without bound: past ``backlog_high`` unsent
   messages its sequences are paused (not scheduled; the engine may preempt
   them), below ``backlog_low`` they resume, and a stream that stays blocked for
-  ``stall_timeout_s`` has its requests cancelled.
+  ``stall_timeout_s`` has its requests cancelled;
+* a stream does not outlive its credentials: each new request checks them
+  again against the tenants file in force (``Tenancy.recheck``), and so does a
+  delta at most once a second; once revoked, new and in-flight requests end
+  with UNAUTHENTICATED.
 
 Event-loop only: the engine's events arrive here through ``loop.call_soon_threadsafe``.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,12 +42,14 @@ from service.request.choices import members
 from service.request.errors import BadRequest
 from service.request.events import Delta, Done, Error
 from service.request.sequence import Sequence
+from service.security.auth import current_credential
 
 log = logging.getLogger("service.rpc")
 
 # Ids of finished requests remembered per stream, so a late cancel is ignored
 # instead of answered with a second terminal event.
 FINISHED_MEMORY = 4096
+RECHECK_S = 1.0  # in-flight requests see a revoked credential within this long (plus the file check)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class GenerateStream:
         self.paused = False
         self._stall: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.credential = current_credential()  # set by the auth interceptor for this RPC
+        self._checked = time.monotonic()
 
     # -- reading the client's messages -----------------------------------------------------
     async def read(self, requests: AsyncIterator[Any]) -> None:
@@ -109,6 +118,9 @@ class GenerateStream:
 
     async def _start(self, req: pb.GenerateRequest) -> None:
         rid = req.request_id
+        if (denial := self.intake.tenancy.recheck(self.credential)) is not None:
+            self._end(rid, error=error_proto(denial[0].name, denial[1]))
+            return
         if (why := self.intake.unavailable(Need.WORK)) is not None:
             # NOTE: the drain rule (service.api.intake) comes before any preparation: a draining
             # server answers a new request UNAVAILABLE whatever it holds, as it does a new RPC.
@@ -166,6 +178,7 @@ class GenerateStream:
             return  # the request already ended (an Error of another choice, or a failed submit)
         if isinstance(ev, Delta):
             self._put(pb.GenerateResponse(request_id=rid, delta=delta_proto(ev)))
+            self._recheck_credentials()
             return
         self.intake.finished(seq, ev)
         if isinstance(ev, Done):
@@ -180,6 +193,17 @@ class GenerateStream:
                 if other is not seq:
                     self.intake.abort(other)
             self._end(rid, error=error_proto(ev.status, ev.message, reason=ev.reason))
+
+    def _recheck_credentials(self) -> None:
+        """At most every RECHECK_S: if the stream's credentials were revoked, end its requests UNAUTHENTICATED."""
+        now = time.monotonic()
+        if now - self._checked < RECHECK_S:
+            return
+        self._checked = now
+        if (denial := self.intake.tenancy.recheck(self.credential)) is not None:
+            log.info("credentials of a Generate stream revoked; ending its requests")
+            for seq in self._all_choices():
+                self.intake.abort(seq, Error(denial[0].name, denial[1]))
 
     def _cancel(self, rid: str) -> None:
         if rid in self.finished:

@@ -13,7 +13,10 @@ needs ``admin``, the rest ``user``; ``admin`` includes ``user``):
 PERMISSION_DENIED. Token rejections are decided from the metadata alone, before
 the request message is even deserialized, so nothing reaches the servicer or
 the engine. The authenticated tenant's name is put in ``CURRENT_TENANT`` (a
-contextvar) for the servicer to stamp on the request. Tokens are never logged.
+contextvar) for the servicer to stamp on the request, and what authenticated the
+call in ``CURRENT_CREDENTIAL``, so a long-lived stream can check it again after
+the tenants file changed (``Credential.recheck``). Tokens are never logged nor
+kept: a credential holds the token's SHA-256.
 """
 
 from __future__ import annotations
@@ -22,22 +25,56 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from service.security.tenants import ANONYMOUS, Tenant, TenantFile, TenantTable
+from service.security.tenants import ANONYMOUS, Tenant, TenantFile, TenantTable, token_digest
 
 log = logging.getLogger("service.auth")
 
-CURRENT_TENANT: ContextVar[str] = ContextVar("inference_tenant", default=ANONYMOUS)
 ADMIN_METHODS = frozenset({"GetMetrics"})
 Denial = tuple[grpc.StatusCode, str]
+REVOKED = "the credentials of this stream are no longer valid (tenants file changed); open a new stream"
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What authenticated a call: the token's SHA-256 (never the token) or the client certificate's identities."""
+
+    tenant: str
+    method: str
+    digest: bytes | None = None
+    identities: tuple[str, ...] = ()
+
+    def recheck(self, table: TenantTable) -> Denial | None:
+        """None while ``table`` still gives this credential to the same tenant, with the method's role.
+
+        NOTE: a digest lookup (constant-time compares), cheap enough to run per request; a token
+        moved to another tenant counts as revoked for the stream (its requests carry the old tenant).
+        """
+        if self.digest is not None:
+            tenant = table.by_digest(self.digest)
+        else:
+            tenant = table.by_identity(list(self.identities))
+        if tenant is None or tenant.name != self.tenant:
+            return grpc.StatusCode.UNAUTHENTICATED, REVOKED
+        return _role_check(tenant, self.method)
+
+
+CURRENT_TENANT: ContextVar[str] = ContextVar("inference_tenant", default=ANONYMOUS)
+CURRENT_CREDENTIAL: ContextVar[Credential | None] = ContextVar("inference_credential", default=None)
 
 
 def current_tenant() -> str:
     """The tenant of the RPC being handled (``anonymous`` without authentication)."""
     return CURRENT_TENANT.get()
+
+
+def current_credential() -> Credential | None:
+    """What authenticated the RPC being handled (None without authentication)."""
+    return CURRENT_CREDENTIAL.get()
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -93,16 +130,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         token = bearer_token(details.invocation_metadata)
         if token is None and self.mtls:
             return _wrap(handler, lambda ctx: self._by_identity(table, ctx, method))
-        tenant = table.by_token(token) if token is not None else None
+        digest = token_digest(token) if token is not None else None
+        tenant = table.by_digest(digest) if digest is not None else None
         if tenant is None:
             why = "invalid bearer token" if token else "missing 'authorization: Bearer <token>' metadata"
             return self._deny(handler, (grpc.StatusCode.UNAUTHENTICATED, why))
         denial = _role_check(tenant, method)
         if denial is not None:
             return self._deny(handler, denial)
-        return _wrap(handler, lambda _ctx: tenant.name)
+        credential = Credential(tenant.name, method, digest=digest)
+        return _wrap(handler, lambda _ctx: credential)
 
-    def _by_identity(self, table: TenantTable, context: Any, method: str) -> str | Denial:
+    def _by_identity(self, table: TenantTable, context: Any, method: str) -> Credential | Denial:
         identities = peer_identities(context)
         tenant = table.by_identity(identities) if identities else None
         if tenant is None:
@@ -113,7 +152,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if denial is not None:
             self.denied += 1
             return denial
-        return tenant.name
+        return Credential(tenant.name, method, identities=tuple(identities))
 
     def _deny(self, handler: grpc.RpcMethodHandler, denial: Denial) -> grpc.RpcMethodHandler:
         self.denied += 1
@@ -142,14 +181,17 @@ def _refusal(handler: Any, denial: Denial) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(unary, None, serializer)
 
 
-def _wrap(handler: Any, authorize: Callable[[Any], str | Denial]) -> grpc.RpcMethodHandler:
-    """The same handler, run with ``CURRENT_TENANT`` set to what ``authorize(context)`` says (or refused)."""
+def _wrap(handler: Any, authorize: Callable[[Any], Credential | Denial]) -> grpc.RpcMethodHandler:
+    """The same handler, run with ``CURRENT_TENANT``/``CURRENT_CREDENTIAL`` set from ``authorize(context)``
+    (or refused with its denial)."""
 
     async def admit(context: Any) -> None:
         verdict = authorize(context)
         if isinstance(verdict, tuple):
             await context.abort(*verdict)
-        CURRENT_TENANT.set(verdict)  # type: ignore[arg-type]
+            return
+        CURRENT_TENANT.set(verdict.tenant)
+        CURRENT_CREDENTIAL.set(verdict)
 
     if handler.response_streaming:
         kind = "stream_stream" if handler.request_streaming else "unary_stream"

@@ -16,7 +16,7 @@ from typing import Any
 
 from service.request.sequence import Sequence
 from service.scheduler.fair_share import FairShare
-from service.security.auth import AuthInterceptor
+from service.security.auth import AuthInterceptor, Credential, Denial
 from service.security.quotas import TenantQuotas
 from service.security.tenants import ANONYMOUS, Tenant, TenantFile
 
@@ -58,6 +58,12 @@ class Tenancy:
     def names(self) -> list[str]:
         """Tenants of the file (bounded: metrics label values come only from here)."""
         return sorted(self.file.table.tenants) if self.file is not None else [ANONYMOUS]
+
+    def recheck(self, credential: Credential | None) -> Denial | None:
+        """Is ``credential`` (what authenticated a long-lived stream) still good? None: yes, or no tenants."""
+        if self.file is None or credential is None:
+            return None
+        return credential.recheck(self.file.table)  # NOTE: ``table`` reloads a changed file first
 
     def reload(self) -> None:
         """SIGHUP: re-read the tenants file now."""

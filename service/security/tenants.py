@@ -77,7 +77,10 @@ class TenantTable:
 
     def by_token(self, token: str) -> Tenant | None:
         """The tenant owning ``token``; every digest is compared in constant time (no early exit)."""
-        digest = hashlib.sha256(token.encode()).digest()
+        return self.by_digest(token_digest(token))
+
+    def by_digest(self, digest: bytes) -> Tenant | None:
+        """The tenant owning a token of this SHA-256 ``digest`` (constant-time compares, no early exit)."""
         found: Tenant | None = None
         for tenant in self.tenants.values():
             for known in tenant.token_sha256:
@@ -91,6 +94,11 @@ class TenantTable:
             if any(i in tenant.identities for i in identities):
                 return tenant
         return None
+
+
+def token_digest(token: str) -> bytes:
+    """SHA-256 of a bearer token: what the tenants file lists."""
+    return hashlib.sha256(token.encode()).digest()
 
 
 def _digests(raw: Any, name: str) -> tuple[bytes, ...]:
