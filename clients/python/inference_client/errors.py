@@ -15,6 +15,10 @@ import grpc
 _CODES_BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 _HINT_IN_MESSAGE = re.compile(r"retry after (\d+)\s*ms", re.IGNORECASE)
 RETRY_AFTER_KEY = "retry-after-ms"
+REASON_KEY = "inference-unavailable-reason"
+# Reasons of an UNAVAILABLE that mean "this replica is going away": safe to send the request to
+# another one when none of its tokens were received.
+ELSEWHERE_REASONS = frozenset({"draining", "engine_failed"})
 
 
 def status_code(number: int) -> grpc.StatusCode:
@@ -43,6 +47,14 @@ def hint_from_metadata(metadata: Any) -> float | None:
     return None
 
 
+def reason_from_metadata(metadata: Any) -> str:
+    """The ``inference-unavailable-reason`` trailing-metadata value ("" when absent)."""
+    for key, value in metadata or ():
+        if key == REASON_KEY:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
 class InferenceError(Exception):
     """A gRPC status other than OK, from an RPC or from a per-request error event.
 
@@ -52,6 +64,8 @@ class InferenceError(Exception):
         retry_after: the server's retry hint in seconds, if it sent one.
         attempts: how many attempts were made before giving up (1 = no retry).
         request_id: the Generate request the error belongs to, if any.
+        reason: for UNAVAILABLE, the server's machine-readable cause ("draining", "engine_failed",
+            "loading"; "" if none): the first two mean "retry on another replica".
     """
 
     def __init__(
@@ -62,6 +76,7 @@ class InferenceError(Exception):
         retry_after: float | None = None,
         attempts: int = 1,
         request_id: str | None = None,
+        reason: str = "",
     ) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
@@ -69,6 +84,12 @@ class InferenceError(Exception):
         self.retry_after = retry_after
         self.attempts = attempts
         self.request_id = request_id
+        self.reason = reason
+
+    @property
+    def elsewhere(self) -> bool:
+        """True when the replica that answered is going away (draining, failed engine)."""
+        return self.reason in ELSEWHERE_REASONS
 
     @property
     def status(self) -> str:
@@ -82,7 +103,7 @@ class InferenceError(Exception):
         hint = hint_from_metadata(metadata)
         if hint is None:
             hint = hint_from_message(message)
-        return cls(code, message, retry_after=hint, attempts=attempts)
+        return cls(code, message, retry_after=hint, attempts=attempts, reason=reason_from_metadata(metadata))
 
 
 def rpc_error_parts(exc: grpc.RpcError) -> tuple[grpc.StatusCode, str, Any]:

@@ -177,6 +177,7 @@ def event_from_proto(resp: pb.GenerateResponse) -> StreamEvent | None:
             e.message,
             retry_after=hint_ms / 1000.0 if hint_ms else hint_from_message(e.message),
             request_id=resp.request_id,
+            reason=getattr(e, "reason", ""),  # absent from stubs older than the field
         )
         return ErrorEvent(error)
     return None

@@ -10,7 +10,10 @@ a wait that would end past the deadline is not started, and the last error is
 raised instead.
 
 Retries apply to unary calls (:func:`call_with_retry`, :func:`acall_with_retry`)
-and to Generate streams before any response arrived (see ``stream.py``).
+and to Generate streams (see ``_mux.py``): a stream that failed before any
+response, a request refused before any of its tokens, and a request that a
+replica going away ("draining", "engine_failed") ended before any of its
+tokens, which moves to a new stream (another replica).
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from typing import TypeVar
 
 import grpc
 
-from .errors import InferenceError, hint_from_message, hint_from_metadata, rpc_error_parts
+from .errors import (
+    ELSEWHERE_REASONS,
+    InferenceError,
+    hint_from_message,
+    hint_from_metadata,
+    reason_from_metadata,
+    rpc_error_parts,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -89,11 +99,18 @@ class Deadline:
 
 
 def retry_delay(exc: grpc.RpcError, policy: RetryPolicy, attempt: int, deadline: Deadline) -> float | None:
-    """How long to wait before retrying after ``exc``, or None to give up."""
+    """How long to wait before retrying after ``exc``, or None to give up.
+
+    NOTE: a replica that is going away (reason "draining" or "engine_failed") hints how long
+    to wait before asking *it* again; the retry goes to another replica, so the hint is not
+    used and the policy's own (short) backoff applies.
+    """
     code, message, trailers = rpc_error_parts(exc)
     hint = hint_from_metadata(trailers)
     if hint is None:
         hint = hint_from_message(message)
+    if reason_from_metadata(trailers) in ELSEWHERE_REASONS:
+        hint = None
     wait = policy.delay(code, attempt, hint)
     if wait is None or not deadline.allows(wait):
         return None

@@ -6,6 +6,8 @@ single request on its own stream.
 
 Threading: ``submit``, ``cancel`` and ``close`` may be called from any thread,
 including from inside the iteration loop; a stream is iterated at most once.
+While it is iterated, one reader thread per Generate call (``_legs.py``) feeds a
+small bounded queue, so a caller that stops iterating stops the reading too.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from typing import Any
 import grpc
 from inference.v1 import inference_pb2 as pb
 
-from ._mux import MuxState
+from ._legs import END, IDLE_ACK_S, CallSet, Outbox
+from ._mux import ACKS_METADATA, Leg, MuxState
 from .errors import InferenceError
 from .events import ErrorEvent, Result, StreamEvent
 from .retry import Deadline, RetryPolicy
 from .spec import RequestSpec
-
-_END = object()
 
 
 def new_request_id() -> str:
@@ -56,28 +57,6 @@ class StreamRegistry:
             return self._owners.get(request_id)
 
 
-class _Outbox:
-    """The request iterator handed to gRPC: blocks for messages until closed."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def put(self, msg: pb.GenerateRequest) -> None:
-        self._queue.put(msg)
-
-    def close(self) -> None:
-        self._queue.put(_END)
-
-    def __iter__(self) -> Iterator[pb.GenerateRequest]:
-        return self
-
-    def __next__(self) -> pb.GenerateRequest:
-        item = self._queue.get()
-        if item is _END:
-            raise StopIteration
-        return item
-
-
 class GenerateStream:
     """One Generate RPC carrying many requests; iterate it for ``(request_id, event)``.
 
@@ -86,6 +65,10 @@ class GenerateStream:
     :meth:`close`, the stream half-closes once every request finished and the
     iteration ends. A failure of the whole stream raises ``InferenceError``
     from the iteration. Leaving the iteration early cancels the RPC.
+
+    A request that a replica going away (draining, failed engine) ended before
+    any of its tokens is sent again on a new Generate call, which the channel
+    places on another replica; the caller sees only its final outcome.
     """
 
     def __init__(
@@ -98,7 +81,7 @@ class GenerateStream:
         registry: StreamRegistry | None = None,
     ) -> None:
         self._stub = stub
-        self._metadata = metadata
+        self._metadata = [*(metadata or ()), ACKS_METADATA]
         self._registry = registry
         self._lock = threading.RLock()
         self._state = MuxState(policy, Deadline(timeout))
@@ -106,12 +89,18 @@ class GenerateStream:
         self._finished = False
         self._iterated = False
         self.request_ids: list[str] = []
-        self._outbox = _Outbox()
-        self._call = self._open_call()
+        self._calls = CallSet()
+        self._open(self._state.current)
 
-    def _open_call(self) -> Any:
-        timeout = self._state.deadline.check(self._state.stream_attempts - 1)
-        return self._stub.Generate(self._outbox, timeout=timeout, metadata=self._metadata)
+    def _open(self, leg: Leg) -> None:
+        """Start (or restart) ``leg``'s Generate call, with the messages sent on it so far."""
+        timeout = self._state.deadline.check(leg.attempts - 1)
+        outbox = Outbox()
+        for msg in leg.log:
+            outbox.put(msg)
+        call = self._stub.Generate(outbox, timeout=timeout, metadata=self._metadata)
+        self._calls.add(leg, call, outbox)
+        self._maybe_half_close(leg)
 
     def submit(self, spec: RequestSpec | str) -> str:
         """Send a new request (a spec or a bare prompt); return its request id."""
@@ -123,7 +112,7 @@ class GenerateStream:
             if self._finished:
                 raise ValueError("the stream has finished")
             self._state.register(msg)
-            self._outbox.put(msg)
+            self._calls.send(self._state.current, msg)
             self.request_ids.append(request_id)
         if self._registry is not None:
             self._registry.add(request_id, self)
@@ -136,16 +125,16 @@ class GenerateStream:
         its normal end, if that was already on its way).
         """
         with self._lock:
-            msg = self._state.cancel(request_id)
-            if msg is not None and not self._finished:
-                self._outbox.put(msg)
+            found = self._state.cancel(request_id)
+            if found is not None and not self._finished:
+                self._calls.send(*found)
             return request_id in self._state.entries
 
     def close(self) -> None:
         """No more submissions; the stream ends once the in-flight requests finished."""
         with self._lock:
             self._state.closed = True
-            self._maybe_half_close()
+            self._maybe_half_close(self._state.current)
 
     def abort(self) -> None:
         """Cancel the RPC now; in-flight requests are cancelled by the server."""
@@ -164,56 +153,86 @@ class GenerateStream:
 
     def _events(self) -> Generator[tuple[str, StreamEvent], None, None]:
         try:
-            while True:
-                try:
-                    for resp in self._call:
-                        yield from self._deliver(resp)
-                    break
-                except grpc.RpcError as exc:
-                    if not self._reopen(exc):
-                        attempts = self._state.stream_attempts
-                        raise InferenceError.from_rpc_error(exc, attempts=attempts) from None
-            yield from self._orphans()
+            self._calls.start_readers()
+            while self._calls:
+                leg, item = self._next()
+                if item is END or isinstance(item, grpc.RpcError):
+                    yield from self._leg_ended(leg, item)
+                else:
+                    yield from self._deliver(leg, item)
         finally:
             self._shutdown()
 
-    def _deliver(self, resp: pb.GenerateResponse) -> list[tuple[str, StreamEvent]]:
+    def _next(self) -> tuple[Leg, Any]:
+        """The next item of any call; after IDLE_ACK_S without one, acknowledge what was read first."""
+        try:
+            return self._calls.inbox.get(timeout=IDLE_ACK_S)
+        except queue.Empty:
+            with self._lock:
+                for leg in list(self._state.legs):
+                    if (ack := leg.ack_due(idle=True)) is not None:
+                        self._calls.send(leg, ack)
+            return self._calls.inbox.get()
+
+    def _deliver(self, leg: Leg, resp: pb.GenerateResponse) -> list[tuple[str, StreamEvent]]:
         with self._lock:
-            outcome = self._state.on_response(resp)
+            outcome = self._state.on_response(leg, resp)
+            if (ack := leg.ack_due()) is not None:
+                self._calls.send(leg, ack)
             if outcome is None:
                 return []
             if outcome.retry_after is not None:
                 self._schedule_resend(outcome.request_id, outcome.retry_after)
+            if outcome.move:
+                self._send_moved()
             if outcome.terminal and self._registry is not None:
                 self._registry.discard(outcome.request_id, self)
-            self._maybe_half_close()
+            self._maybe_half_close(leg)
         return [] if outcome.event is None else [(outcome.request_id, outcome.event)]
 
-    def _orphans(self) -> Iterator[tuple[str, StreamEvent]]:
-        """Requests the server never finished before ending the stream."""
-        with self._lock:
-            ids = self._state.unfinished()
-            self._state.entries.clear()
-        for request_id in ids:
-            err = InferenceError(
-                grpc.StatusCode.INTERNAL, "stream ended before the request finished", request_id=request_id
-            )
-            yield request_id, ErrorEvent(err)
+    def _send_moved(self) -> None:
+        """Send the moved requests on the current leg, opening its call first if it has none."""
+        leg = self._state.current
+        msgs = self._state.take_moved()
+        if leg in self._calls:
+            for msg in msgs:
+                self._calls.send(leg, msg)
+        else:
+            self._open(leg)  # its log holds the moved messages
+            self._calls.start_reader(leg)
 
-    def _reopen(self, exc: grpc.RpcError) -> bool:
+    def _leg_ended(self, leg: Leg, item: Any) -> Iterator[tuple[str, StreamEvent]]:
+        """A call ended: re-open it (failed before any response), or end its unfinished requests."""
+        exc = item if isinstance(item, grpc.RpcError) else None
         with self._lock:
-            wait = self._state.on_stream_error(exc)
-        if wait is None:
-            return False
-        time.sleep(wait)
+            self._calls.discard(leg)
+            wait = self._state.on_leg_error(leg, exc) if exc is not None else None
+        if wait is not None:
+            time.sleep(wait)
+            with self._lock:
+                self._open(leg)
+                self._calls.start_reader(leg)
+            return
         with self._lock:
-            self._outbox.close()
-            self._outbox = _Outbox()
-            self._call = self._open_call()
-            for msg in self._state.replay():
-                self._outbox.put(msg)
-            self._maybe_half_close()
-        return True
+            current = leg is self._state.current
+            lost = self._state.end_leg(leg)
+        if exc is not None and current:
+            raise InferenceError.from_rpc_error(exc, attempts=leg.attempts) from None
+        yield from self._orphans(lost, exc)
+
+    def _orphans(self, ids: list[str], exc: grpc.RpcError | None) -> Iterator[tuple[str, StreamEvent]]:
+        """Requests whose call ended before they finished."""
+        for request_id in ids:
+            if exc is not None:
+                err = InferenceError.from_rpc_error(exc)
+                err.request_id = request_id
+            else:
+                err = InferenceError(
+                    grpc.StatusCode.INTERNAL, "stream ended before the request finished", request_id=request_id
+                )
+            if self._registry is not None:
+                self._registry.discard(request_id, self)
+            yield request_id, ErrorEvent(err)
 
     def _schedule_resend(self, request_id: str, wait: float) -> None:
         timer = threading.Timer(wait, self._resend, args=(request_id,))
@@ -226,12 +245,13 @@ class GenerateStream:
             self._timers = {t for t in self._timers if t.is_alive() and t is not threading.current_thread()}
             if self._finished:
                 return
-            for msg in self._state.resend(request_id):
-                self._outbox.put(msg)
+            leg, msgs = self._state.resend(request_id)
+            for msg in msgs:
+                self._calls.send(leg, msg)
 
-    def _maybe_half_close(self) -> None:
-        if self._state.should_half_close():
-            self._outbox.close()
+    def _maybe_half_close(self, leg: Leg) -> None:
+        if leg in self._calls and self._state.should_half_close(leg):
+            self._calls.half_close(leg)
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -240,9 +260,8 @@ class GenerateStream:
             self._finished = True
             for timer in self._timers:
                 timer.cancel()
-            self._outbox.close()
             ids = list(self._state.entries)
-        self._call.cancel()  # no-op when the RPC already ended
+        self._calls.cancel_all()  # no-op for calls that already ended
         if self._registry is not None:
             for request_id in ids:
                 self._registry.discard(request_id, self)
@@ -255,10 +274,10 @@ class GenerateStream:
         return results
 
     def __del__(self) -> None:
-        # An abandoned, never-iterated stream: release gRPC's request-consumer thread.
-        outbox = getattr(self, "_outbox", None)
-        if outbox is not None:
-            outbox.close()
+        # An abandoned, never-iterated stream: release gRPC's request-consumer threads.
+        calls = getattr(self, "_calls", None)
+        if calls is not None:
+            calls.close_outboxes()
 
     def __enter__(self) -> GenerateStream:
         return self
