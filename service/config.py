@@ -112,8 +112,9 @@ HELP = {
     "step_timeout_s": "watchdog: an engine step running longer than this fails the engine (0 = no watchdog)",
     "exit_on_engine_failure": "exit with code 3 when the engine fails (dead thread, stalled step) so an "
     "orchestrator restarts the process; --no-exit-on-engine-failure keeps it up (NOT_SERVING) for debugging",
-    "stream_backlog": "unsent messages after which a Generate stream's requests pause until the client "
-    "reads (they resume below a quarter of it)",
+    "stream_backlog": "messages a Generate stream's client has not read after which its requests pause "
+    "(they resume at a quarter of it); counted by the client's acknowledgements when it sends them (the "
+    "Python client does), else by what the transport has taken",
     "stream_stall_timeout_s": "a Generate stream paused this long for an unread backlog has its requests cancelled",
     "max_connection_age_s": "close each client connection (GOAWAY) after this long so clients re-resolve "
     "and new replicas get traffic (0 = never)",

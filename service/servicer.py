@@ -23,6 +23,7 @@ from service.api.generate_stream import GenerateStream, StreamLimits
 from service.api.intake import Intake, Need, rejection, rpc_deadline, unavailable_metadata
 from service.api.model_rpcs import ModelApi, model_api_for
 from service.api.proto_convert import done_proto, logprob_proto
+from service.api.stream_backlog import ACKS_METADATA_KEY
 from service.continuous_batcher import Draining
 from service.observability.metrics_view import metrics_response
 from service.priority import QueueFull
@@ -53,6 +54,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         await self.intake.require(context, Need.WORK)
         stream = GenerateStream(self.intake, context, self.stream_limits)
+        if stream.backlog.acks:  # the client offered acknowledgements: accept them
+            await context.send_initial_metadata(((ACKS_METADATA_KEY, "1"),))
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
             while (item := await stream.out.get()) is not None:

@@ -7,10 +7,12 @@ Contract (every path below is tested):
   preparation, a failing preparation, an engine failure;
 * the stream ends (the RPC completes) once the client has half-closed and every
   accepted request has had its terminal event;
-* an unread stream does not grow without bound: past ``backlog_high`` unsent
-  messages its sequences are paused (not scheduled; the engine may preempt
-  them), below ``backlog_low`` they resume, and a stream that stays blocked for
-  ``stall_timeout_s`` has its requests cancelled;
+* an unread stream does not grow without bound: past ``backlog_high`` messages
+  the client has not read (``service.api.stream_backlog``: acknowledged by the
+  client when it acknowledges, else taken by the transport) its sequences are
+  paused (not scheduled; the engine may preempt them), at ``backlog_low`` they
+  resume, and a stream that stays paused for ``stall_timeout_s`` has its
+  requests cancelled;
 * a stream does not outlive its credentials: each new request checks them
   again against the tenants file in force (``Tenancy.recheck``), and so does a
   delta at most once a second; once revoked, new and in-flight requests end
@@ -27,7 +29,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
@@ -35,6 +36,7 @@ from inference.v1 import inference_pb2 as pb
 from service.api.intake import Intake, Need, rejection, rpc_deadline
 from service.api.proto_convert import delta_proto, done_proto, error_proto, response_format
 from service.api.request_builder import MAX_REQUEST_ID_BYTES
+from service.api.stream_backlog import Backlog, StreamLimits, acknowledges
 from service.api.tolerant_decoding import MALFORMED
 from service.continuous_batcher import Draining
 from service.priority import QueueFull
@@ -52,15 +54,6 @@ FINISHED_MEMORY = 4096
 RECHECK_S = 1.0  # in-flight requests see a revoked credential within this long (plus the file check)
 
 
-@dataclass(frozen=True)
-class StreamLimits:
-    """Backpressure of one Generate stream (see the module docstring)."""
-
-    backlog_high: int = 256
-    backlog_low: int = 64
-    stall_timeout_s: float = 60.0
-
-
 class GenerateStream:
     """In-flight requests and the outgoing queue of one Generate RPC."""
 
@@ -75,8 +68,8 @@ class GenerateStream:
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.reading = True
         self.closed = False
-        self.paused = False
-        self._stall: asyncio.TimerHandle | None = None
+        acks = acknowledges(context.invocation_metadata())
+        self.backlog = Backlog(limits, acks, self._set_paused, self._on_stall)
         self.tasks: set[asyncio.Task[None]] = set()
         self.credential = current_credential()  # set by the auth interceptor for this RPC
         self._checked = time.monotonic()
@@ -90,11 +83,15 @@ class GenerateStream:
             log.debug("generate stream read ended: %s", exc)
         finally:
             self.reading = False
+            self.backlog.client_closed()
             self._maybe_close()
 
     def on_request(self, req: Any) -> None:
         if req is MALFORMED:
             self._put_error("", "INVALID_ARGUMENT", "message is not a valid inference.v1.GenerateRequest")
+            return
+        if req.ack:  # flow control only (service.api.stream_backlog): the client has read this many
+            self.backlog.on_ack(req.ack)
             return
         rid = req.request_id
         if len(rid.encode()) > MAX_REQUEST_ID_BYTES:
@@ -167,7 +164,7 @@ class GenerateStream:
         self.active[rid] = seqs[0]
         if len(seqs) > 1:
             self.remaining[rid] = len(seqs)
-        for seq in seqs if self.paused else ():
+        for seq in seqs if self.backlog.paused else ():
             self.intake.pause(seq, True)
 
     # -- engine events -----------------------------------------------------------------------
@@ -242,8 +239,7 @@ class GenerateStream:
         if self.closed:
             return
         self.out.put_nowait(msg)
-        if not self.paused and self.out.qsize() >= self.limits.backlog_high:
-            self._set_paused(True)
+        self.backlog.on_produced()
 
     def _maybe_close(self) -> None:
         if not self.reading and not self.active and not self.closed:
@@ -252,20 +248,12 @@ class GenerateStream:
 
     # -- backpressure ----------------------------------------------------------------------------
     def on_sent(self) -> None:
-        """The RPC wrote one message to the transport (the client is reading)."""
-        if self.paused and self.out.qsize() <= self.limits.backlog_low:
-            self._set_paused(False)
+        """The RPC wrote one message to the transport."""
+        self.backlog.on_sent()
 
     def _set_paused(self, paused: bool) -> None:
-        self.paused = paused
         for seq in self._all_choices():
             self.intake.pause(seq, paused)
-        if paused:
-            loop = asyncio.get_running_loop()
-            self._stall = loop.call_later(self.limits.stall_timeout_s, self._on_stall)
-        elif self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
 
     def _on_stall(self) -> None:
         """The client has not read for ``stall_timeout_s``: cancel its requests."""
@@ -277,8 +265,7 @@ class GenerateStream:
     def abort_all(self) -> None:
         """The RPC ended (client closed, deadline, error): cancel what is still running."""
         self.closed = True
-        if self._stall is not None:
-            self._stall.cancel()
+        self.backlog.cancel_stall()
         for task in list(self.tasks):
             task.cancel()
         for seq in self._all_choices():
