@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 import pytest
-
 from inference_client import AsyncInferenceClient, Delta, Done, ErrorEvent, InferenceClient, RequestSpec
+
 from tests.support.server import RunningServer, assert_kv_clean, start_server
 
 pytestmark = pytest.mark.model

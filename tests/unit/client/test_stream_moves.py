@@ -4,7 +4,6 @@ call (another replica), which are retried on the same one, and which are reporte
 from __future__ import annotations
 
 from inference.v1 import inference_pb2 as pb
-
 from inference_client._mux import ACK_EVERY, MuxState
 from inference_client.events import Done, ErrorEvent
 from inference_client.retry import Deadline, RetryPolicy
