@@ -132,6 +132,7 @@ class Sequence:
     prompt_logprobs: list[Any] = field(default_factory=list)  # of prompt tokens 1.., while echoing
     prompt_logprobs_sent: bool = False
     num_draft: int = 0  # speculative tokens at the end of token_ids, not accepted yet
+    recompute_until: int = 0  # tokens whose KV existed before the last preemption (recomputed on resume)
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
@@ -176,6 +177,7 @@ class Sequence:
     def reset_for_recompute(self) -> None:
         """Forget all KV state; generated tokens are kept and recomputed on resume."""
         self.drop_drafts()
+        self.recompute_until = max(self.recompute_until, self.num_computed)
         self.num_computed = 0
         self.block_table = []
         self.lane = None

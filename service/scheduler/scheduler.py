@@ -111,7 +111,9 @@ class Scheduler:
             self.waiting.remove(seq)
             self._finish(seq, FinishReason.CANCELLED)
         failed = self._fail_oversized()
-        budgets = StepBudgets(self.step_tokens, self.batch_prefill_budget, self.prompt_rows, self.max_running)
+        budgets = StepBudgets(
+            self.step_tokens, self.batch_prefill_budget, self.prompt_rows, self.max_running, self.mixed_step_tokens
+        )
         step = StepBuilder(budgets, self.kv, self.policy, Queues(self.waiting, self.running), self.preempt, now)
         tier_of = self.policy.effective_tier
         tiered = sorted((s for s in self.running if not s.paused), key=lambda s: (tier_of(s, now), s.arrival))

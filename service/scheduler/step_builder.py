@@ -32,6 +32,7 @@ class StepBudgets:
     batch_prefill: int  # of which batch-tier prefill
     prompt_rows: int  # logits rows for prompt log-probabilities
     max_running: int  # sequences holding a lane
+    recompute_step: int | None = None  # most tokens of a step that recomputes generated tokens (None: no cap)
 
 
 @dataclass
@@ -73,8 +74,9 @@ class StepBuilder:
         if cap is not None and 0 < used < cap:
             self.budget = min(self.budget, cap - used)
 
-    def _room(self, seq: Sequence, wanted: int, prefill: bool) -> int:
-        """Tokens ``seq`` may compute now: the step budget, and for batch prefill its own cap.
+    def _room(self, seq: Sequence, wanted: int, prefill: bool, start: int | None = None) -> int:
+        """Tokens ``seq`` may compute now (from ``start``, default its ``num_computed``): the step
+        budget, for batch prefill its own cap, and for a recompute the rule of ``_recompute_room``.
 
         NOTE: capping batch-tier prefill per step bounds how long one step can
         take, which is what an arriving interactive request waits for.
@@ -84,13 +86,34 @@ class StepBuilder:
             n = min(n, self.batch_prefill_left)
         if _echoing(seq):
             n = min(n, self.prompt_rows_left)  # every position of the chunk takes a logits row
-        return n
+        return self._recompute_room(seq, n, seq.num_computed if start is None else start)
+
+    def _recompute_room(self, seq: Sequence, n: int, start: int) -> int:
+        """A preempted sequence recomputing what it had computed: its prompt in chunks that end
+        where the prompt ends, and its generated tokens only in steps of at most ``recompute_step``.
+
+        NOTE: llama.cpp's CPU flash attention takes a tiled kernel once a step has 64 or more
+        rows (``service.model.runner.MIXED_BATCH_MAX``), whose results differ from the per-row
+        kernel that computed every generated token (a decode row). Recomputed in such a step,
+        a token's KV would differ from what decoding gave, and the resumed sequence would drift
+        from the run that was never preempted; below it the recompute is bitwise the decode's
+        (``tests/model/engine/test_recompute_exact.py``).
+        """
+        cap = self.limits.recompute_step
+        if cap is None or start >= seq.recompute_until or seq.recompute_until <= seq.num_prompt_tokens:
+            return n
+        if start < seq.num_prompt_tokens:
+            return min(n, seq.num_prompt_tokens - start)
+        return min(n, cap - (self.limits.step_tokens - self.budget))
 
     def _add(self, seq: Sequence, n: int, prefill: bool) -> None:
         echo = _echoing(seq)
         draft = seq.num_draft if n == seq.num_uncomputed else 0
+        recomputes = seq.num_prompt_tokens <= seq.num_computed < seq.recompute_until
         self.items[seq.uid] = ScheduledSeq(seq, n, seq.num_computed + n == seq.num_tokens, echo, draft)
         self.budget -= n
+        if recomputes and self.limits.recompute_step is not None:  # the whole step stays per-row
+            self.budget = min(self.budget, self.limits.recompute_step - (self.limits.step_tokens - self.budget))
         if echo:
             self.prompt_rows_left -= n
         if prefill and self.policy.effective_tier(seq, self.now) is Priority.BATCH:
@@ -137,7 +160,8 @@ class StepBuilder:
     def admit(self, seq: Sequence) -> bool:
         """Try to start a waiting sequence; False stops admission for this step."""
         q = self.queues
-        if self._room(seq, 1, prefill=True) <= 0:
+        start = 0 if seq.needs_prompt_rows else self.kv.match_prefix(seq).num_tokens
+        if self._room(seq, 1, prefill=True, start=start) <= 0:
             return False
         if len(q.running) >= self.limits.max_running:
             victim = self._victim(seq)
@@ -147,7 +171,9 @@ class StepBuilder:
         while True:
             # NOTE: prompt log-probabilities need logits at every prompt position: no reuse.
             hit = PrefixHit() if seq.needs_prompt_rows else self.kv.match_prefix(seq)
-            n = self._room(seq, seq.num_tokens - hit.num_tokens, prefill=True)
+            n = self._room(seq, seq.num_tokens - hit.num_tokens, prefill=True, start=hit.num_tokens)
+            if n <= 0:
+                return False
             if self.kv.allocate(seq, hit, n):
                 break
             victim = self._victim(seq)
