@@ -3,10 +3,12 @@ call (another replica), which are retried on the same one, and which are reporte
 
 from __future__ import annotations
 
+import grpc
 from inference.v1 import inference_pb2 as pb
 from inference_client._mux import ACK_EVERY, MuxState
+from inference_client.errors import InferenceError
 from inference_client.events import Done, ErrorEvent
-from inference_client.retry import Deadline, RetryPolicy
+from inference_client.retry import Deadline, RetryPolicy, retry_delay
 
 
 def unavailable(rid: str, reason: str) -> pb.GenerateResponse:
@@ -73,3 +75,27 @@ def test_acks_only_when_the_server_accepted_them_every_16_messages_and_when_idle
         assert leg.ack_due() is None
     s.on_response(leg, delta)
     assert leg.ack_due() == pb.GenerateRequest(ack=ACK_EVERY + 1)
+
+
+class Refused(grpc.RpcError):
+    """A failed unary call as gRPC reports it: code, details and trailing metadata."""
+
+    def __init__(self, reason: str) -> None:
+        self._trailers = (("retry-after-ms", "5000"), ("inference-unavailable-reason", reason))
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "server is shutting down; retry on another replica"
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailers
+
+
+def test_a_unary_call_refused_by_a_draining_replica_is_retried_after_the_policy_backoff_not_the_hint() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.1, jitter=0.0)
+    assert retry_delay(Refused("draining"), policy, 1, Deadline(None)) == 0.1  # another replica: no wait
+    assert retry_delay(Refused(""), policy, 1, Deadline(None)) == 5.0  # no reason: the server's hint
+    err = InferenceError.from_rpc_error(Refused("engine_failed"))
+    assert err.reason == "engine_failed" and err.elsewhere
