@@ -116,7 +116,8 @@ def test_stream_paused_past_the_stall_timeout_has_its_requests_cancelled(logs: p
             f["kind"] == "error" and f["status"] == "CANCELLED" and "did not read its stream for 3 s" in f["message"]
             for f in finals.values()
         ), finals
-        assert result["read"] == produced + REQUESTS  # nothing but the cancellations after the pause
+        # after the pause: at most the deltas of the step already running (one per request), then the cancellations
+        assert produced + REQUESTS <= result["read"] <= produced + 2 * REQUESTS
         assert_kv_clean(srv)
     finally:
         if client is not None:
