@@ -11,6 +11,9 @@ every byte):
 * otherwise, outside a string, the first allowed byte of ``OUTSIDE_ORDER``: the
   closers, then ``,`` (a required property or ``minItems`` item still to come),
   then the shortest values (``0``, ``""``, ``[]``, ``{}``, ``null``, ...);
+* at the first byte of an object key, the byte whose completion is shortest
+  (one non-branching search per allowed byte), so a required key wins over an
+  optional one the schema lists first;
 * inside a string, the closing quote; else the best-ranked allowed content
   byte (``a``, ``0``, ``A``, then the rest), repeated; a string still open
   after ``RUN_CAP`` such bytes is redone: as the first of the schema's
@@ -49,6 +52,7 @@ CONTENT_FIRST = b"a1A0"
 MAX_BYTES = 2048
 RUN_CAP = 48  # string bytes written by repeating one byte before the search varies them
 VARIED_CAP = 256  # string bytes written varied before the search gives up
+KEY_OPTIONS = 16  # first bytes of an object key tried (each with a non-branching search of the rest)
 
 
 def _content_rank() -> np.ndarray:
@@ -113,7 +117,9 @@ class Completer:
         tokens = self._tokenize(matcher, data)
         return tokens if len(tokens) <= limit else None
 
-    def _search(self, m: llg.LLMatcher, scan: JsonScan, cap: int, hints: Sequence[bytes]) -> bytes | None:
+    def _search(
+        self, m: llg.LLMatcher, scan: JsonScan, cap: int, hints: Sequence[bytes], branch: bool = True
+    ) -> bytes | None:
         out = bytearray()
         run = _StringRun()
         run.track(scan, False, 0)  # a document cut inside a string: its rest is the current string
@@ -134,10 +140,30 @@ class Completer:
                 if not self._take(m, scan, forced, out, run):
                     return None
                 continue
-            b = run.choose(self.bytes.allowed(m.compute_bitmask()), scan)
+            allowed = self.bytes.allowed(m.compute_bitmask())
+            b = self._best_key(m, scan, allowed, cap - len(out), hints) if branch and _key_start(scan) else None
+            b = run.choose(allowed, scan) if b is None else b
             if b is None or not self._take(m, scan, bytes([b]), out, run):
                 return None
         return bytes(out)
+
+    def _best_key(
+        self, m: llg.LLMatcher, scan: JsonScan, allowed: np.ndarray, cap: int, hints: Sequence[bytes]
+    ) -> int | None:
+        """At the first byte of an object key with several allowed: the one whose (non-branching)
+        completion is shortest, so a required key wins over an optional one listed before it."""
+        options = np.flatnonzero(allowed)
+        if len(options) < 2:
+            return None
+        best: tuple[int, int] | None = None
+        for b in options[:KEY_OPTIONS]:
+            trial, trial_scan, data = m.deep_copy(), scan.copy(), bytearray()
+            if not self._take(trial, trial_scan, bytes([int(b)]), data, _StringRun()):
+                continue
+            rest = self._search(trial, trial_scan, cap, hints, branch=False)
+            if rest is not None and (best is None or len(rest) < best[1]):
+                best = (int(b), len(rest))
+        return None if best is None else best[0]
 
     def _fitting_hint(self, m: llg.LLMatcher, hints: Sequence[bytes]) -> bytes | None:
         """The first hint that the grammar takes as this whole string (with its closing quote)."""
@@ -168,6 +194,11 @@ class Completer:
         if trial.consume_tokens(tokens) and trial.is_accepting():
             return tokens
         return [int(self.bytes.ids[b]) for b in data]
+
+
+def _key_start(scan: JsonScan) -> bool:
+    """The next byte is the first of an object key."""
+    return scan.in_string and scan.is_key and not scan.buf
 
 
 class _StringRun:

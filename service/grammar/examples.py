@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 MAX_HINTS = 32
-MAX_HINT_BYTES = 128
+MAX_HINT_BYTES = 512
 _DIGIT, _WORD, _SPACE = "1", "a", " "
 _CATEGORY = {
     sre.CATEGORY_DIGIT: _DIGIT,
