@@ -1,0 +1,228 @@
+"""Scenario F, part "finish" (F's own half): JSON documents that end, on real-world schemas it has never seen.
+
+A fixed random sample of ``SAMPLE`` JSON Schemas from JSONSchemaBench's dev
+split (``$JSONSCHEMABENCH`` or ``../shared/jsonschemabench/dev.jsonl``; seed
+``SEED``, ids recorded in the result; only schemas whose compact text is at
+most ``MAX_SCHEMA_CHARS`` characters are drawn, so the prompt fits), served by
+the default model with ``max_tokens`` = ``MAX_TOKENS`` and the default
+sampling (temperature 0.8, seed = the schema's index). Three arms, the same
+prompt (one user message asking for an example document, rendered with the
+model's chat template) and the same seed in each:
+
+* ``today``: ``json_repeat_penalty`` 0, ``json_finish`` CUT_OFF (the behaviour
+  before issue 30);
+* ``repeat``: the default repetition control (``json_repeat_penalty`` 0.8);
+* ``repeat_finish``: repetition control and ``json_finish`` CLOSE_WITHIN_BUDGET.
+
+Each outcome is one of: valid (ended naturally, FINISH_REASON_STOP),
+closed_early (FINISH_REASON_CLOSED), cut_off (OUT_OF_RANGE), rejected (the
+schema is refused: INVALID_ARGUMENT / RESOURCE_EXHAUSTED before generation),
+invalid (a returned document that fails ``jsonschema`` here, or the server's
+own final validation: INTERNAL), failed (any other status). Per-token cost:
+the server's time per output token after the first, ``(total_ms - ttft_ms) /
+(completion_tokens - 1)``, averaged over the requests of each arm; the arms of
+one schema run back to back in a rotating order on ``CLIENTS`` concurrent
+clients, so every arm sees the same load. The load average is recorded every
+``LOAD_EVERY`` schemas.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jsonschema
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
+
+from bench.harness.config import ROOT, BenchConfig, say
+from bench.harness.procs import GrpcServer
+from bench.harness.tables import Row, fmt, table
+
+SEED = 30
+SAMPLE = 120
+MAX_TOKENS = 768
+MAX_SCHEMA_CHARS = 3000
+CLIENTS = 4
+LOAD_EVERY = 10
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the service's default model
+ARMS: dict[str, dict[str, Any]] = {
+    "today": {"json_repeat_penalty": 0.0, "json_finish": pb.JSON_FINISH_CUT_OFF},
+    "repeat": {"json_repeat_penalty": 0.8, "json_finish": pb.JSON_FINISH_CUT_OFF},
+    "repeat_finish": {"json_repeat_penalty": 0.8, "json_finish": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET},
+}
+OUTCOMES = ("valid", "closed_early", "cut_off", "rejected", "invalid", "failed")
+PROMPT = "Write one realistic example JSON document for this JSON Schema. Reply with the JSON only.\n\nSchema: {}"
+
+
+def dataset_path() -> Path:
+    env = os.environ.get("JSONSCHEMABENCH")
+    return Path(env) if env else ROOT.parent / "shared" / "jsonschemabench" / "dev.jsonl"
+
+
+def sample_schemas(path: Path, n: int = SAMPLE, seed: int = SEED) -> list[dict[str, Any]]:
+    """The seeded sample: ``n`` rows (id, schema) among those whose compact schema is short enough."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    eligible = sorted(
+        (r for r in rows if len(json.dumps(r["schema"], separators=(",", ":"))) <= MAX_SCHEMA_CHARS),
+        key=lambda r: r["id"],
+    )
+    return random.Random(seed).sample(eligible, n)
+
+
+def _outcome(row: dict[str, Any], arm: str, index: int, stub: pb_grpc.InferenceServiceStub) -> dict[str, Any]:
+    schema = json.dumps(row["schema"], separators=(",", ":"))
+    req = pb.GenerateJSONRequest(
+        messages=[pb.ChatMessage(role="user", content=PROMPT.format(schema))],
+        json_schema=schema,
+        sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, seed=index, **ARMS[arm]),
+    )
+    out: dict[str, Any] = {"id": row["id"], "arm": arm}
+    try:
+        resp = stub.GenerateJSON(req, timeout=1800)
+    except grpc.RpcError as exc:
+        code = exc.code().name
+        kind = {"OUT_OF_RANGE": "cut_off", "INVALID_ARGUMENT": "rejected", "RESOURCE_EXHAUSTED": "rejected"}
+        out["outcome"] = "invalid" if code == "INTERNAL" and "validation" in (exc.details() or "") else kind.get(
+            code, "failed"
+        )
+        out["error"] = f"{code}: {(exc.details() or '')[:200]}"
+        return out
+    closed = resp.finish_reason == pb.FINISH_REASON_CLOSED
+    out["outcome"] = "closed_early" if closed else "valid"
+    if (problem := _problem(row["schema"], resp.json)) is not None:
+        out["outcome"], out["error"] = "invalid", problem
+    u, t = resp.usage, resp.timing
+    out["completion_tokens"] = u.completion_tokens
+    if u.completion_tokens > 1:
+        out["tpot_ms"] = (t.total_ms - t.ttft_ms) / (u.completion_tokens - 1)
+    return out
+
+
+def _problem(schema: dict[str, Any], text: str) -> str | None:
+    """What a client's own check finds wrong with a returned document (None: valid, or not checkable here).
+
+    NOTE: a schema this plain jsonschema check cannot evaluate (an unresolvable
+    ``$ref``, say) is left to the server's own final validation.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON: {exc}"[:200]
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        err = next(iter(cls(schema).iter_errors(doc)), None)
+    except Exception:  # see the NOTE
+        return None
+    return None if err is None else err.message[:200]
+
+
+def _summary(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for arm in ARMS:
+        rows = [r for r in results if r["arm"] == arm]
+        counts = {k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}
+        tpot = [r["tpot_ms"] for r in rows if "tpot_ms" in r]
+        out[arm] = {
+            **counts,
+            "shares": {k: counts[k] / n for k in OUTCOMES},
+            "completion_tokens": sum(r.get("completion_tokens", 0) for r in rows),
+            "tpot_ms_mean": sum(tpot) / len(tpot) if tpot else None,
+        }
+    base = out["today"]["tpot_ms_mean"]
+    for arm in ARMS:
+        mean = out[arm]["tpot_ms_mean"]
+        out[arm]["overhead_pct"] = None if not base or mean is None else (mean / base - 1) * 100
+    return out
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    """The three arms over the seeded sample on one server; the result dict of part "finish"."""
+    path = dataset_path()
+    if not path.is_file():
+        return {"skipped": f"{path} missing (JSONSchemaBench dev split)"}
+    rows = sample_schemas(path, 6 if cfg.quick else SAMPLE)
+    loads: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    t0 = time.time()
+    with GrpcServer("F-finish", MODEL, threads=cfg.threads) as srv, grpc.insecure_channel(srv.target) as ch:
+        stub = pb_grpc.InferenceServiceStub(ch)
+
+        def one_schema(i: int) -> None:
+            if i % LOAD_EVERY == 0:
+                with lock:
+                    loads.append({"schema": i, "t_s": round(time.time() - t0, 1), "loadavg": os.getloadavg()})
+            names = list(ARMS)
+            for k in range(len(names)):  # rotate the order of the arms per schema
+                res = _outcome(rows[i], names[(i + k) % len(names)], i, stub)
+                with lock:
+                    results.append(res)
+            if i % LOAD_EVERY == LOAD_EVERY - 1:
+                say(f"  {i + 1}/{len(rows)} schemas, {time.time() - t0:.0f} s")
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            list(pool.map(one_schema, range(len(rows))))
+        m = stub.GetMetrics(pb.GetMetricsRequest()).grammar
+        documents = {"natural": m.documents_natural, "closed": m.documents_closed, "cut_off": m.documents_cut_off}
+    summary = _summary(results, len(rows))
+    for arm, s in summary.items():
+        say(
+            f"  {arm}: valid {s['valid']}, closed early {s['closed_early']}, cut off {s['cut_off']}, "
+            f"rejected {s['rejected']}, invalid {s['invalid']}, failed {s['failed']}; "
+            f"tpot {s['tpot_ms_mean'] or 0:.2f} ms ({s['overhead_pct'] or 0:+.1f}%)"
+        )
+    return {
+        "seed": SEED,
+        "sample": len(rows),
+        "max_tokens": MAX_TOKENS,
+        "max_schema_chars": MAX_SCHEMA_CHARS,
+        "model": MODEL.name,
+        "clients": CLIENTS,
+        "arms": {k: {**v, "json_finish": pb.JsonFinish.Name(v["json_finish"])} for k, v in ARMS.items()},
+        "schema_ids": [r["id"] for r in rows],
+        "summary": summary,
+        "server_documents": documents,
+        "loadavg": loads,
+        "wall_s": time.time() - t0,
+        "requests": sorted(results, key=lambda r: (r["id"], r["arm"])),
+    }
+
+
+# -- summary.md ------------------------------------------------------------------------------------
+HEAD = ["arm", "valid", "closed early", "cut off", "rejected", "invalid", "failed", "tokens", "ms/token", "vs today"]
+LABELS = {
+    "today": "today (no repetition control, cut off)",
+    "repeat": "repetition control (json_repeat_penalty 0.8)",
+    "repeat_finish": "repetition control + budget-aware completion",
+}
+
+
+def _row(arm: str, s: dict[str, Any], n: int) -> Row:
+    share = [f"{s[k]} ({100 * s[k] / n:.1f}%)" for k in OUTCOMES]
+    over = s.get("overhead_pct")
+    return [LABELS[arm], *share, str(s["completion_tokens"]), fmt(s["tpot_ms_mean"], 2), "-" if over is None else f"{over:+.1f}%"]
+
+
+def render(r: dict[str, Any]) -> str:
+    """The summary.md lines of part "finish"."""
+    if "summary" not in r:
+        return f"Part finish: {r.get('skipped', 'not run')}"
+    n = r["sample"]
+    return "\n".join(
+        [
+            f"Part finish: {n} JSONSchemaBench dev schemas (seed {r['seed']}, ids in the result file), "
+            f"{r['model']}, max_tokens {r['max_tokens']}, {r['clients']} clients, default sampling; the three arms "
+            "of a schema run back to back in a rotating order. ms/token: server time per output token after "
+            "the first, mean over the arm's requests.",
+            "",
+            table(HEAD, [_row(arm, s, n) for arm, s in r["summary"].items()]),
+        ]
+    )
