@@ -17,7 +17,7 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from tests.conftest import RunningServer, assert_kv_clean
+from tests.support.server import RunningServer, assert_kv_clean
 
 pytestmark = pytest.mark.model
 
