@@ -18,12 +18,20 @@ Each outcome is one of: valid (ended naturally, FINISH_REASON_STOP),
 closed_early (FINISH_REASON_CLOSED), cut_off (OUT_OF_RANGE), rejected (the
 schema is refused: INVALID_ARGUMENT / RESOURCE_EXHAUSTED before generation),
 invalid (a returned document that fails ``jsonschema`` here, or the server's
-own final validation: INTERNAL), failed (any other status). Per-token cost:
-the server's time per output token after the first, ``(total_ms - ttft_ms) /
-(completion_tokens - 1)``, averaged over the requests of each arm; the arms of
-one schema run back to back in a rotating order on ``CLIENTS`` concurrent
-clients, so every arm sees the same load. The load average is recorded every
+own final validation: INTERNAL), failed (any other status). The arms of one
+schema run back to back in a rotating order on ``CLIENTS`` concurrent clients,
+so every arm sees the same load; the load average is recorded every
 ``LOAD_EVERY`` schemas.
+
+Per-token cost is measured apart, on requests of one fixed shape (the sample's
+documents differ in length by arm, and cut-off requests report no timing): a
+string that cannot end before ``COST_MIN_LENGTH`` characters, on a Generate
+stream with ``max_tokens`` ``COST_TOKENS`` (ignore_eos), so every token is free
+text the repetition control looks at, and budget-aware completion checks the
+end of every request. Rounds of ``CLIENTS`` requests of one arm alternate the
+arms (A B C C B A ...), the load average is recorded before each round, and
+the cost is the server's time per output token after the first, ``(total_ms -
+ttft_ms) / (completion_tokens - 1)``, mean per arm.
 """
 
 from __future__ import annotations
@@ -59,6 +67,14 @@ ARMS: dict[str, dict[str, Any]] = {
     "repeat_finish": {"json_repeat_penalty": 0.8, "json_finish": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET},
 }
 OUTCOMES = ("valid", "closed_early", "cut_off", "rejected", "invalid", "failed")
+COST_TOKENS = 160
+COST_MIN_LENGTH = 1200
+COST_ROUNDS = 6  # per arm
+COST_SCHEMA = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": COST_MIN_LENGTH}},
+    "required": ["story"],
+}
 PROMPT = "Write one realistic example JSON document for this JSON Schema. Reply with the JSON only.\n\nSchema: {}"
 
 
@@ -129,15 +145,48 @@ def _summary(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
     for arm in ARMS:
         rows = [r for r in results if r["arm"] == arm]
         counts = {k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}
-        tpot = [r["tpot_ms"] for r in rows if "tpot_ms" in r]
         out[arm] = {
             **counts,
             "shares": {k: counts[k] / n for k in OUTCOMES},
             "completion_tokens": sum(r.get("completion_tokens", 0) for r in rows),
-            "tpot_ms_mean": sum(tpot) / len(tpot) if tpot else None,
         }
+    return out
+
+
+def _cost_one(stub: pb_grpc.InferenceServiceStub, arm: str, seed: int) -> dict[str, Any]:
+    req = pb.GenerateRequest(
+        request_id=f"{arm}-{seed}",
+        messages=[pb.ChatMessage(role="user", content="Tell me a long story about a lighthouse keeper.")],
+        sampling=pb.SamplingParams(max_tokens=COST_TOKENS, seed=seed, ignore_eos=True, **ARMS[arm]),
+        response_format=pb.ResponseFormat(json_schema=json.dumps(COST_SCHEMA)),
+    )
+    events = list(stub.Generate(iter([req]), timeout=1800))
+    last = events[-1]
+    if not last.HasField("done"):
+        return {"arm": arm, "error": f"{last.error.status}: {last.error.message[:200]}"}
+    d = last.done
+    tpot = (d.timing.total_ms - d.timing.ttft_ms) / max(d.usage.completion_tokens - 1, 1)
+    reason = pb.FinishReason.Name(d.finish_reason)
+    return {"arm": arm, "tokens": d.usage.completion_tokens, "tpot_ms": tpot, "finish": reason}
+
+
+def _cost(stub: pb_grpc.InferenceServiceStub, rounds: int) -> dict[str, Any]:
+    """Per-token cost of each arm on fixed-shape requests (see the module docstring)."""
+    names = list(ARMS)
+    order = [names[i % 3] if (i // 3) % 2 == 0 else names[2 - i % 3] for i in range(3 * rounds)]
+    runs: list[dict[str, Any]] = []
+    for i, arm in enumerate(order):
+        load = os.getloadavg()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            seeds = [1000 * i + k for k in range(CLIENTS)]
+            done = list(pool.map(_cost_one, [stub] * CLIENTS, [arm] * CLIENTS, seeds))
+        runs += [{**r, "round": i, "loadavg": load} for r in done]
+    out: dict[str, Any] = {"order": order, "runs": runs}
+    for arm in names:
+        tpot = [r["tpot_ms"] for r in runs if r["arm"] == arm and "tpot_ms" in r]
+        out[arm] = {"requests": len(tpot), "tpot_ms_mean": sum(tpot) / len(tpot) if tpot else None}
     base = out["today"]["tpot_ms_mean"]
-    for arm in ARMS:
+    for arm in names:
         mean = out[arm]["tpot_ms_mean"]
         out[arm]["overhead_pct"] = None if not base or mean is None else (mean / base - 1) * 100
     return out
@@ -170,14 +219,17 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
         with ThreadPoolExecutor(CLIENTS) as pool:
             list(pool.map(one_schema, range(len(rows))))
+        say("  per-token cost: fixed-shape requests, rounds alternating the arms")
+        cost = _cost(stub, 1 if cfg.quick else COST_ROUNDS)
         m = stub.GetMetrics(pb.GetMetricsRequest()).grammar
         documents = {"natural": m.documents_natural, "closed": m.documents_closed, "cut_off": m.documents_cut_off}
     summary = _summary(results, len(rows))
     for arm, s in summary.items():
+        c = cost[arm]
         say(
             f"  {arm}: valid {s['valid']}, closed early {s['closed_early']}, cut off {s['cut_off']}, "
             f"rejected {s['rejected']}, invalid {s['invalid']}, failed {s['failed']}; "
-            f"tpot {s['tpot_ms_mean'] or 0:.2f} ms ({s['overhead_pct'] or 0:+.1f}%)"
+            f"{c['tpot_ms_mean'] or 0:.2f} ms/token ({c['overhead_pct'] or 0:+.1f}%)"
         )
     return {
         "seed": SEED,
@@ -189,6 +241,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "arms": {k: {**v, "json_finish": pb.JsonFinish.Name(v["json_finish"])} for k, v in ARMS.items()},
         "schema_ids": [r["id"] for r in rows],
         "summary": summary,
+        "cost": cost,
         "server_documents": documents,
         "loadavg": loads,
         "wall_s": time.time() - t0,
@@ -205,10 +258,11 @@ LABELS = {
 }
 
 
-def _row(arm: str, s: dict[str, Any], n: int) -> Row:
+def _row(arm: str, s: dict[str, Any], c: dict[str, Any], n: int) -> Row:
     share = [f"{s[k]} ({100 * s[k] / n:.1f}%)" for k in OUTCOMES]
-    over = s.get("overhead_pct")
-    return [LABELS[arm], *share, str(s["completion_tokens"]), fmt(s["tpot_ms_mean"], 2), "-" if over is None else f"{over:+.1f}%"]
+    over = c.get("overhead_pct")
+    cost = [fmt(c.get("tpot_ms_mean"), 2), "-" if over is None else f"{over:+.1f}%"]
+    return [LABELS[arm], *share, str(s["completion_tokens"]), *cost]
 
 
 def render(r: dict[str, Any]) -> str:
@@ -221,8 +275,9 @@ def render(r: dict[str, Any]) -> str:
             f"Part finish: {n} JSONSchemaBench dev schemas (seed {r['seed']}, ids in the result file), "
             f"{r['model']}, max_tokens {r['max_tokens']}, {r['clients']} clients, default sampling; the three arms "
             "of a schema run back to back in a rotating order. ms/token: server time per output token after "
-            "the first, mean over the arm's requests.",
+            f"the first on fixed-shape requests ({COST_TOKENS} tokens of free text in a JSON string, rounds "
+            "alternating the arms), mean per arm.",
             "",
-            table(HEAD, [_row(arm, s, n) for arm, s in r["summary"].items()]),
+            table(HEAD, [_row(arm, s, r["cost"][arm], n) for arm, s in r["summary"].items()]),
         ]
     )
