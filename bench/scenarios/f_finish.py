@@ -192,37 +192,42 @@ def _cost(stub: pb_grpc.InferenceServiceStub, rounds: int) -> dict[str, Any]:
     return out
 
 
+def _drive(stub: pb_grpc.InferenceServiceStub, rows: list[dict[str, Any]], t0: float) -> tuple[list, list]:
+    """Every schema in every arm (rotating order), CLIENTS schemas at a time: (results, load samples)."""
+    loads: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    names = list(ARMS)
+
+    def one_schema(i: int) -> None:
+        if i % LOAD_EVERY == 0:
+            with lock:
+                loads.append({"schema": i, "t_s": round(time.time() - t0, 1), "loadavg": os.getloadavg()})
+        for k in range(len(names)):
+            res = _outcome(rows[i], names[(i + k) % len(names)], i, stub)
+            with lock:
+                results.append(res)
+        if i % LOAD_EVERY == LOAD_EVERY - 1:
+            say(f"  {i + 1}/{len(rows)} schemas, {time.time() - t0:.0f} s")
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(one_schema, range(len(rows))))
+    return results, loads
+
+
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    """The three arms over the seeded sample on one server; the result dict of part "finish"."""
+    """The three arms over the seeded sample, then the per-token cost, on one server."""
     path = dataset_path()
     if not path.is_file():
         return {"skipped": f"{path} missing (JSONSchemaBench dev split)"}
     rows = sample_schemas(path, 6 if cfg.quick else SAMPLE)
-    loads: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
-    lock = threading.Lock()
     t0 = time.time()
     with GrpcServer("F-finish", MODEL, threads=cfg.threads) as srv, grpc.insecure_channel(srv.target) as ch:
         stub = pb_grpc.InferenceServiceStub(ch)
-
-        def one_schema(i: int) -> None:
-            if i % LOAD_EVERY == 0:
-                with lock:
-                    loads.append({"schema": i, "t_s": round(time.time() - t0, 1), "loadavg": os.getloadavg()})
-            names = list(ARMS)
-            for k in range(len(names)):  # rotate the order of the arms per schema
-                res = _outcome(rows[i], names[(i + k) % len(names)], i, stub)
-                with lock:
-                    results.append(res)
-            if i % LOAD_EVERY == LOAD_EVERY - 1:
-                say(f"  {i + 1}/{len(rows)} schemas, {time.time() - t0:.0f} s")
-
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            list(pool.map(one_schema, range(len(rows))))
+        results, loads = _drive(stub, rows, t0)
         say("  per-token cost: fixed-shape requests, rounds alternating the arms")
         cost = _cost(stub, 1 if cfg.quick else COST_ROUNDS)
         m = stub.GetMetrics(pb.GetMetricsRequest()).grammar
-        documents = {"natural": m.documents_natural, "closed": m.documents_closed, "cut_off": m.documents_cut_off}
     summary = _summary(results, len(rows))
     for arm, s in summary.items():
         c = cost[arm]
@@ -242,7 +247,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "schema_ids": [r["id"] for r in rows],
         "summary": summary,
         "cost": cost,
-        "server_documents": documents,
+        "server_documents": {"natural": m.documents_natural, "closed": m.documents_closed, "cut_off": m.documents_cut_off},
         "loadavg": loads,
         "wall_s": time.time() - t0,
         "requests": sorted(results, key=lambda r: (r["id"], r["arm"])),
