@@ -23,12 +23,13 @@ schema run back to back in a rotating order on ``CLIENTS`` concurrent clients,
 so every arm sees the same load; the load average is recorded every
 ``LOAD_EVERY`` schemas.
 
-Per-token cost is measured apart, on requests of one fixed shape (the sample's
+Per-token cost is measured apart, on requests of one shape (the sample's
 documents differ in length by arm, and cut-off requests report no timing): a
-string that cannot end before ``COST_MIN_LENGTH`` characters, on a Generate
-stream with ``max_tokens`` ``COST_TOKENS`` (ignore_eos), so every token is free
-text the repetition control looks at, and budget-aware completion checks the
-end of every request. Rounds of ``CLIENTS`` requests of one arm alternate the
+story in a JSON string that cannot end before ``COST_MIN_LENGTH`` characters,
+on a Generate stream with ``max_tokens`` ``COST_TOKENS`` (ignore_eos): every
+token is free text the repetition control looks at, and budget-aware
+completion watches the end of every request (a request may also end once its
+string is long enough). Rounds of ``CLIENTS`` requests of one arm alternate the
 arms (A B C C B A ...), the load average is recorded before each round, and
 the cost is the server's time per output token after the first, ``(total_ms -
 ttft_ms) / (completion_tokens - 1)``, mean per arm.
@@ -68,7 +69,7 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 OUTCOMES = ("valid", "closed_early", "cut_off", "rejected", "invalid", "failed")
 COST_TOKENS = 160
-COST_MIN_LENGTH = 1200
+COST_MIN_LENGTH = 300
 COST_ROUNDS = 6  # per arm
 COST_SCHEMA = {
     "type": "object",

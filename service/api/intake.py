@@ -67,16 +67,16 @@ def budget_for(seq: Sequence) -> FinishBudget | None:
     Raises BadRequest(OUT_OF_RANGE) naming the minimum when even the shortest
     valid document is longer than max_tokens.
     """
-    if not seq.params.json_finish or seq.grammar is None:
-        return None
-    shortest = seq.grammar.min_tokens
-    if shortest is not None and shortest > seq.params.max_tokens:
+    shortest = seq.grammar.min_tokens if seq.grammar is not None else None
+    if not seq.params.json_finish or shortest is None:
+        return None  # NOTE: no completion found from the start: the request behaves as without it
+    if shortest > seq.params.max_tokens:
         raise BadRequest(
             f"max_tokens={seq.params.max_tokens} is below the shortest valid document for this schema "
             f"({shortest} tokens); raise max_tokens to at least {shortest}",
             "OUT_OF_RANGE",
         )
-    return FinishBudget(known=shortest or 0)
+    return FinishBudget(known=shortest)
 
 
 def rpc_deadline(context: grpc.aio.ServicerContext) -> float | None:

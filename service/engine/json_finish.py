@@ -64,7 +64,10 @@ class JsonFinisher:
         if fits is not None:
             budget.known, budget.at = len(fits), seq.num_generated + 1 + len(forced)
             return None
-        return matcher.completion(left + 1)  # None: no completion fits at all (cut off as without it)
+        closing = matcher.completion(left + 1)
+        if closing is None:  # nothing fits any more: cut off as without the option, and stop searching
+            seq.budget = None
+        return closing
 
     def _due(self, budget: FinishBudget, generated: int, left: int, token: int) -> bool:
         spare = left - budget.known

@@ -15,7 +15,9 @@ every byte):
   (one non-branching search per allowed byte), so a required key wins over an
   optional one the schema lists first;
 * inside a string, the closing quote; else the best-ranked allowed content
-  byte (``a``, ``0``, ``A``, then the rest), repeated; a string still open
+  byte (``a``, ``1``, ``A``, then the rest), repeated: first as many as dry runs
+  say close the string (a long ``minLength`` in a few steps), else one by one
+  (forced bytes between them, as in a uuid); a string still open
   after ``RUN_CAP`` such bytes is redone: as the first of the schema's
   pattern examples (``service.grammar.examples``) that the grammar takes
   whole, else with varied bytes (``_StringRun``), so a pattern such as
@@ -141,11 +143,41 @@ class Completer:
                     return None
                 continue
             allowed = self.bytes.allowed(m.compute_bitmask())
+            if run.start == len(out) and not scan.is_key and not run.varied and not allowed[QUOTE]:
+                whole = self._repeated_content(m, run.choose(allowed, scan), cap - len(out))
+                if whole is not None:
+                    if not self._take(m, scan, whole, out, run):
+                        return None
+                    continue
             b = self._best_key(m, scan, allowed, cap - len(out), hints) if branch and _key_start(scan) else None
             b = run.choose(allowed, scan) if b is None else b
             if b is None or not self._take(m, scan, bytes([b]), out, run):
                 return None
         return bytes(out)
+
+    def _repeated_content(self, m: llg.LLMatcher, b: int | None, cap: int) -> bytes | None:
+        """At the start of a string's content: the fewest ``b`` bytes then the closing quote that the
+        grammar takes (``minLength: 1200`` in a few dry runs), or None (the byte-by-byte search goes on).
+
+        Dry runs (``validate_tokens``) of ``b * k + '"'`` for k = 1, 2, 4, ... until one is taken,
+        then a bisection for a smaller k; it stops when ``b`` itself is refused after some bytes.
+        """
+        if b is None or b == QUOTE or self.bytes.ids[b] < 0:
+            return None
+        tb, tq = int(self.bytes.ids[b]), int(self.bytes.ids[QUOTE])
+
+        def closes(k: int) -> int:  # k + 1: taken whole; k: the quote refused; fewer: b refused
+            return int(m.validate_tokens([tb] * k + [tq]))
+
+        lo, k = 0, 1
+        while (taken := closes(k)) != k + 1:
+            if taken < k or 2 * k > cap:
+                return None
+            lo, k = k, 2 * k
+        while lo + 1 < k:
+            mid = (lo + k) // 2
+            lo, k = (lo, mid) if closes(mid) == mid + 1 else (mid, k)
+        return bytes([b]) * k + b'"'
 
     def _best_key(
         self, m: llg.LLMatcher, scan: JsonScan, allowed: np.ndarray, cap: int, hints: Sequence[bytes]
