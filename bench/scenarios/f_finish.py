@@ -17,8 +17,9 @@ model's chat template) and the same seed in each:
 Each outcome is one of: valid (ended naturally, FINISH_REASON_STOP),
 closed_early (FINISH_REASON_CLOSED), cut_off (OUT_OF_RANGE), rejected (the
 schema is refused: INVALID_ARGUMENT / RESOURCE_EXHAUSTED before generation),
-invalid (a returned document that fails ``jsonschema`` here, or the server's
-own final validation: INTERNAL), failed (any other status). The arms of one
+failed_validation (the server's final validation refused the document it had
+generated, INTERNAL: only approximated schemas), invalid (a *returned* document
+that fails ``jsonschema`` here), failed (any other status). The arms of one
 schema run back to back in a rotating order on ``CLIENTS`` concurrent clients,
 so every arm sees the same load; the load average is recorded every
 ``LOAD_EVERY`` schemas.
@@ -67,7 +68,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "repeat": {"json_repeat_penalty": 0.8, "json_finish": pb.JSON_FINISH_CUT_OFF},
     "repeat_finish": {"json_repeat_penalty": 0.8, "json_finish": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET},
 }
-OUTCOMES = ("valid", "closed_early", "cut_off", "rejected", "invalid", "failed")
+OUTCOMES = ("valid", "closed_early", "cut_off", "rejected", "failed_validation", "invalid", "failed")
+ERRORS = {"OUT_OF_RANGE": "cut_off", "INVALID_ARGUMENT": "rejected", "RESOURCE_EXHAUSTED": "rejected"}
+VALIDATION = "INTERNAL: generated document failed validation"
 COST_TOKENS = 160
 COST_MIN_LENGTH = 300
 COST_ROUNDS = 6  # per arm
@@ -105,12 +108,8 @@ def _outcome(row: dict[str, Any], arm: str, index: int, stub: pb_grpc.InferenceS
     try:
         resp = stub.GenerateJSON(req, timeout=1800)
     except grpc.RpcError as exc:
-        code = exc.code().name
-        kind = {"OUT_OF_RANGE": "cut_off", "INVALID_ARGUMENT": "rejected", "RESOURCE_EXHAUSTED": "rejected"}
-        out["outcome"] = "invalid" if code == "INTERNAL" and "validation" in (exc.details() or "") else kind.get(
-            code, "failed"
-        )
-        out["error"] = f"{code}: {(exc.details() or '')[:200]}"
+        out["error"] = f"{exc.code().name}: {(exc.details() or '')[:200]}"
+        out["outcome"] = _kind(out)
         return out
     closed = resp.finish_reason == pb.FINISH_REASON_CLOSED
     out["outcome"] = "closed_early" if closed else "valid"
@@ -141,11 +140,22 @@ def _problem(schema: dict[str, Any], text: str) -> str | None:
     return None if err is None else err.message[:200]
 
 
+def _kind(r: dict[str, Any]) -> str:
+    """The outcome of a request that ended with an error status (see the module docstring)."""
+    error = r.get("error", "")
+    if error.startswith(VALIDATION):
+        return "failed_validation"
+    return ERRORS.get(error.split(":", 1)[0], "failed")
+
+
 def _summary(results: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Outcome counts per arm; an error's outcome is re-derived from its recorded status and message."""
     out: dict[str, Any] = {}
     for arm in ARMS:
         rows = [r for r in results if r["arm"] == arm]
-        counts = {k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}
+        kinds = [r["outcome"] if r["outcome"] in ("valid", "closed_early") or "completion_tokens" in r else _kind(r)
+                 for r in rows]
+        counts = {k: kinds.count(k) for k in OUTCOMES}
         out[arm] = {
             **counts,
             "shares": {k: counts[k] / n for k in OUTCOMES},
@@ -234,7 +244,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         c = cost[arm]
         say(
             f"  {arm}: valid {s['valid']}, closed early {s['closed_early']}, cut off {s['cut_off']}, "
-            f"rejected {s['rejected']}, invalid {s['invalid']}, failed {s['failed']}; "
+            f"rejected {s['rejected']}, failed validation {s['failed_validation']}, invalid {s['invalid']}, "
+            f"failed {s['failed']}; "
             f"{c['tpot_ms_mean'] or 0:.2f} ms/token ({c['overhead_pct'] or 0:+.1f}%)"
         )
     return {
@@ -256,7 +267,19 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
 
 # -- summary.md ------------------------------------------------------------------------------------
-HEAD = ["arm", "valid", "closed early", "cut off", "rejected", "invalid", "failed", "tokens", "ms/token", "vs today"]
+HEAD = [
+    "arm",
+    "valid (natural end)",
+    "closed early",
+    "cut off",
+    "rejected",
+    "failed validation",
+    "invalid returned",
+    "failed",
+    "tokens returned",
+    "ms/token",
+    "vs today",
+]
 LABELS = {
     "today": "today (no repetition control, cut off)",
     "repeat": "repetition control (json_repeat_penalty 0.8)",
@@ -284,6 +307,17 @@ def render(r: dict[str, Any]) -> str:
             f"the first on fixed-shape requests ({COST_TOKENS} tokens of free text in a JSON string, rounds "
             "alternating the arms), mean per arm.",
             "",
-            table(HEAD, [_row(arm, s, r["cost"][arm], n) for arm, s in r["summary"].items()]),
+            table(HEAD, [_row(arm, s, r["cost"][arm], n) for arm, s in _summary(r["requests"], n).items()]),
+            "",
+            "ms/token of the cost rounds, round means per arm (their spread is the run-to-run noise): "
+            + "; ".join(f"{arm} {_spread(r['cost'], arm)}" for arm in ARMS),
         ]
     )
+
+
+def _spread(cost: dict[str, Any], arm: str) -> str:
+    means = []
+    for rnd in sorted({x["round"] for x in cost["runs"] if x["arm"] == arm}):
+        tpot = [x["tpot_ms"] for x in cost["runs"] if x["round"] == rnd and "tpot_ms" in x]
+        means.append(sum(tpot) / len(tpot))
+    return f"{min(means):.1f}-{max(means):.1f}" if means else "-"
