@@ -18,6 +18,7 @@ from service.engine.token_appender import TokenAppender
 from service.request.constraints import FinishBudget
 from service.request.sequence import FinishReason, SamplingParams, Sequence
 
+pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHARACTER = {
@@ -45,7 +46,7 @@ LOOP = "He is very brave and good. "
 
 
 @pytest.fixture(scope="module")
-def vocab() -> Any:
+def model_vocab() -> Any:
     if not MODEL.is_file():
         pytest.fail(f"{MODEL} missing: run `make model`")
     from service.model.runner import Vocab
@@ -54,62 +55,62 @@ def vocab() -> Any:
 
 
 @pytest.fixture(scope="module")
-def compiler(vocab: Any) -> Any:
-    comp = jg.GrammarCompiler(vocab.ll_tokenizer())
+def compiler(model_vocab: Any) -> Any:
+    comp = jg.GrammarCompiler(model_vocab.ll_tokenizer())
     yield comp
     comp.close()
 
 
-def run_scripted(vocab: Any, compiler: Any, schema: dict[str, Any], target: str, max_tokens: int) -> Sequence:
+def run_scripted(model_vocab: Any, compiler: Any, schema: dict[str, Any], target: str, max_tokens: int) -> Sequence:
     """Append, token by token, the model's tokenization of what is left of ``target`` (an endless document)."""
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
     seq = Sequence(request_id="r", token_ids=[1], params=SamplingParams(max_tokens=max_tokens, json_finish=True))
     seq.matcher, seq.grammar = compiler.matcher(compiled), compiled
     seq.budget = FinishBudget(known=compiled.min_tokens or 0)
-    appender = TokenAppender(vocab.eog_ids, vocab.token_bytes)
+    appender = TokenAppender(model_vocab.eog_ids, model_vocab.token_bytes)
     while seq.finish_reason is None:
-        written = b"".join(vocab.token_bytes[t] for t in seq.token_ids[1:]).decode("utf-8")
+        written = b"".join(model_vocab.token_bytes[t] for t in seq.token_ids[1:]).decode("utf-8")
         assert target.startswith(written), (target[:80], written)
-        token = vocab.tokenize(target[len(written) :], add_special=False, parse_special=False)[0]
+        token = model_vocab.tokenize(target[len(written) :], add_special=False, parse_special=False)[0]
         seq.finish_reason = appender(seq, token)
     return seq
 
 
-def document(vocab: Any, seq: Sequence) -> str:
-    return b"".join(vocab.token_bytes[t] for t in seq.token_ids[1:]).decode("utf-8")
+def document(model_vocab: Any, seq: Sequence) -> str:
+    return b"".join(model_vocab.token_bytes[t] for t in seq.token_ids[1:]).decode("utf-8")
 
 
 @pytest.mark.parametrize("max_tokens", [8, 9, 10, 13, 20, 41, 100])  # the shortest document is 8 tokens
-def test_an_endless_string_is_closed_within_max_tokens(vocab: Any, compiler: Any, max_tokens: int) -> None:
-    seq = run_scripted(vocab, compiler, CHARACTER, '{"name":"' + LOOP * 200, max_tokens)
+def test_an_endless_string_is_closed_within_max_tokens(model_vocab: Any, compiler: Any, max_tokens: int) -> None:
+    seq = run_scripted(model_vocab, compiler, CHARACTER, '{"name":"' + LOOP * 200, max_tokens)
     assert seq.finish_reason is FinishReason.CLOSED
     assert seq.num_generated <= max_tokens
-    doc = json.loads(document(vocab, seq))
+    doc = json.loads(document(model_vocab, seq))
     assert set(doc) == {"name", "description"}
     assert (LOOP * 200).startswith(doc["name"])
 
 
 @pytest.mark.parametrize("spare", [0, 1, 2, 7, 30, 60])
-def test_an_endless_nested_document_is_closed_with_its_required_parts(vocab: Any, compiler: Any, spare: int) -> None:
+def test_an_endless_nested_document_is_closed_with_its_required_parts(model_vocab: Any, compiler: Any, spare: int) -> None:
     compiled, _, _ = compiler.compile("json_schema", json.dumps(NESTED))
     max_tokens = compiled.min_tokens + spare
     target = '{"people":[{"bio":"' + LOOP * 100
-    seq = run_scripted(vocab, compiler, NESTED, target, max_tokens)
+    seq = run_scripted(model_vocab, compiler, NESTED, target, max_tokens)
     assert seq.finish_reason is FinishReason.CLOSED
     assert seq.num_generated <= max_tokens
-    text = document(vocab, seq)
+    text = document(model_vocab, seq)
     jg.validate_document(seq.grammar, text)
     assert len(json.loads(text)["people"]) == 2  # minItems filled in
 
 
-def test_a_document_that_fits_ends_naturally(vocab: Any, compiler: Any) -> None:
-    seq = run_scripted(vocab, compiler, CHARACTER, '{"name":"Ava","description":"A knight."}', 40)
+def test_a_document_that_fits_ends_naturally(model_vocab: Any, compiler: Any) -> None:
+    seq = run_scripted(model_vocab, compiler, CHARACTER, '{"name":"Ava","description":"A knight."}', 40)
     assert seq.finish_reason is FinishReason.STOP
-    assert document(vocab, seq) == '{"name":"Ava","description":"A knight."}'
+    assert document(model_vocab, seq) == '{"name":"Ava","description":"A knight."}'
 
 
-def test_below_the_shortest_document_nothing_can_be_closed(vocab: Any, compiler: Any) -> None:
+def test_below_the_shortest_document_nothing_can_be_closed(model_vocab: Any, compiler: Any) -> None:
     """The intake refuses such a request up front (OUT_OF_RANGE); the engine alone cuts it off."""
     compiled, _, _ = compiler.compile("json_schema", json.dumps(NESTED))
-    seq = run_scripted(vocab, compiler, NESTED, '{"people":[{"bio":"' + LOOP * 100, compiled.min_tokens - 1)
+    seq = run_scripted(model_vocab, compiler, NESTED, '{"people":[{"bio":"' + LOOP * 100, compiled.min_tokens - 1)
     assert seq.finish_reason is FinishReason.LENGTH

@@ -31,6 +31,7 @@ from service import json_grammar as jg
 from service.model import penalties
 from service.request.sequence import SamplingParams, Sequence
 
+pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SEED = 30
@@ -55,7 +56,7 @@ def rows() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def vocab() -> Any:
+def model_vocab() -> Any:
     if not MODEL.is_file():
         pytest.fail(f"{MODEL} missing: run `make model`")
     from service.model.runner import Vocab
@@ -64,18 +65,18 @@ def vocab() -> Any:
 
 
 @pytest.fixture(scope="module")
-def compiler(vocab: Any) -> Any:
-    comp = jg.GrammarCompiler(vocab.ll_tokenizer(), cache_size=4)
+def compiler(model_vocab: Any) -> Any:
+    comp = jg.GrammarCompiler(model_vocab.ll_tokenizer(), cache_size=4)
     yield comp
     comp.close()
 
 
-def tokens_of(vocab: Any, data: Any) -> list[int]:
+def tokens_of(model_vocab: Any, data: Any) -> list[int]:
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return vocab.tokenize(text, add_special=False, parse_special=False)
+    return model_vocab.tokenize(text, add_special=False, parse_special=False)
 
 
-def forced_outcome(compiler: Any, vocab: Any, compiled: Any, prefix: list[int]) -> str:
+def forced_outcome(compiler: Any, model_vocab: Any, compiled: Any, prefix: list[int]) -> str:
     """'valid', 'invalid' (fails the schema), 'none' (no completion found) or 'prefix' (prefix refused)."""
     m = compiler.matcher(compiled)
     try:
@@ -89,7 +90,7 @@ def forced_outcome(compiler: Any, vocab: Any, compiled: Any, prefix: list[int]) 
     for t in completion:
         m.consume(t)
     assert m.is_accepting()
-    text = b"".join(vocab.token_bytes[t] for t in prefix + completion).decode("utf-8")
+    text = b"".join(model_vocab.token_bytes[t] for t in prefix + completion).decode("utf-8")
     try:
         jg.validate_document(compiled, text)
     except jg.GrammarError:
@@ -98,7 +99,7 @@ def forced_outcome(compiler: Any, vocab: Any, compiled: Any, prefix: list[int]) 
 
 
 def test_forced_completions_validate_for_every_dev_schema_that_compiles(
-    rows: list[dict[str, Any]], compiler: Any, vocab: Any
+    rows: list[dict[str, Any]], compiler: Any, model_vocab: Any
 ) -> None:
     rng = random.Random(SEED)
     exact: dict[str, list[str]] = {"invalid": [], "none": []}
@@ -111,10 +112,10 @@ def test_forced_completions_validate_for_every_dev_schema_that_compiles(
         cuts: list[list[int]] = [[]]
         valid = [t["data"] for t in row["tests"] if t["valid"]]
         if valid:
-            tokens = tokens_of(vocab, valid[0])
+            tokens = tokens_of(model_vocab, valid[0])
             cuts.append(tokens[: rng.randint(0, len(tokens))])
         for prefix in cuts:
-            outcome = forced_outcome(compiler, vocab, compiled, prefix)
+            outcome = forced_outcome(compiler, model_vocab, compiled, prefix)
             checks += outcome != "prefix"
             if compiled.approximations:
                 approx_checks += outcome != "prefix"
@@ -131,9 +132,9 @@ def test_forced_completions_validate_for_every_dev_schema_that_compiles(
 
 
 def test_repetition_control_keeps_every_valid_instance_possible(
-    rows: list[dict[str, Any]], compiler: Any, vocab: Any
+    rows: list[dict[str, Any]], compiler: Any, model_vocab: Any
 ) -> None:
-    masks = jg.MaskBatch(compiler.completer.tokenizer, vocab.n_vocab, 1, threads=1)
+    masks = jg.MaskBatch(compiler.completer.tokenizer, model_vocab.n_vocab, 1, threads=1)
     params = SamplingParams(json_repeat_penalty=REPEAT_PENALTY)
     touched = narrow = instances = 0
     for row in rows:
@@ -142,13 +143,13 @@ def test_repetition_control_keeps_every_valid_instance_possible(
         except jg.GrammarError:
             continue
         for data in (t["data"] for t in row["tests"] if t["valid"]):
-            tokens, instances = tokens_of(vocab, data), instances + 1
+            tokens, instances = tokens_of(model_vocab, data), instances + 1
             m = compiler.matcher(compiled)
             for i, token in enumerate(tokens):
-                probe = np.zeros(vocab.n_vocab, dtype=np.float32)
+                probe = np.zeros(model_vocab.n_vocab, dtype=np.float32)
                 penalties.dry(probe, np.asarray(tokens[:i], dtype=np.int64), REPEAT_PENALTY)
                 if probe[token] < 0:  # the penalty would touch this instance's next token here
-                    logits = np.zeros((1, vocab.n_vocab), dtype=np.float32)
+                    logits = np.zeros((1, model_vocab.n_vocab), dtype=np.float32)
                     masks.fill_and_apply([m], logits, [0])
                     if not np.isfinite(logits[0, token]):
                         break  # the grammar itself refuses it (counted by the coverage suite), not the penalty

@@ -15,6 +15,7 @@ import pytest
 from service import json_grammar as jg
 from service.grammar.examples import pattern_example, schema_hints
 
+pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -67,7 +68,7 @@ HAND_MADE: list[tuple[str, dict[str, Any], str]] = [
 
 
 @pytest.fixture(scope="module")
-def vocab() -> Any:
+def model_vocab() -> Any:
     if not MODEL.is_file():
         pytest.fail(f"{MODEL} missing: run `make model`")
     from service.model.runner import Vocab
@@ -76,14 +77,14 @@ def vocab() -> Any:
 
 
 @pytest.fixture(scope="module")
-def compiler(vocab: Any) -> Any:
-    comp = jg.GrammarCompiler(vocab.ll_tokenizer())
+def compiler(model_vocab: Any) -> Any:
+    comp = jg.GrammarCompiler(model_vocab.ll_tokenizer())
     yield comp
     comp.close()
 
 
-def text_of(vocab: Any, tokens: list[int]) -> str:
-    return b"".join(vocab.token_bytes[t] for t in tokens).decode("utf-8")
+def text_of(model_vocab: Any, tokens: list[int]) -> str:
+    return b"".join(model_vocab.token_bytes[t] for t in tokens).decode("utf-8")
 
 
 def force(matcher: jg.GrammarMatcher, tokens: list[int]) -> None:
@@ -93,7 +94,7 @@ def force(matcher: jg.GrammarMatcher, tokens: list[int]) -> None:
 
 @pytest.mark.parametrize(("name", "schema", "expected"), HAND_MADE, ids=[h[0] for h in HAND_MADE])
 def test_min_tokens_is_the_length_of_the_completion_forced_from_the_start(
-    compiler: Any, vocab: Any, name: str, schema: dict[str, Any], expected: str
+    compiler: Any, model_vocab: Any, name: str, schema: dict[str, Any], expected: str
 ) -> None:
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
     m = compiler.matcher(compiled)
@@ -102,13 +103,13 @@ def test_min_tokens_is_the_length_of_the_completion_forced_from_the_start(
     assert compiled.min_tokens == len(completion)
     force(m, completion)
     assert m.is_accepting()
-    assert text_of(vocab, completion) == expected
+    assert text_of(model_vocab, completion) == expected
     jg.validate_document(compiled, expected)
 
 
 @pytest.mark.parametrize(("name", "schema", "expected"), HAND_MADE[:7], ids=[h[0] for h in HAND_MADE[:7]])
 def test_completion_from_every_cut_of_a_valid_document_validates(
-    compiler: Any, vocab: Any, name: str, schema: dict[str, Any], expected: str
+    compiler: Any, model_vocab: Any, name: str, schema: dict[str, Any], expected: str
 ) -> None:
     document = {
         "nested required objects": '{"a":{"b":12345}}',
@@ -120,15 +121,15 @@ def test_completion_from_every_cut_of_a_valid_document_validates(
         "minLength and bounds": '{"n":"abcdefgh","k":42}',
     }[name]
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
-    tokens = vocab.tokenize(document, add_special=False, parse_special=False)
+    tokens = model_vocab.tokenize(document, add_special=False, parse_special=False)
     for cut in range(len(tokens) + 1):
         m = compiler.matcher(compiled)
         force(m, tokens[:cut])
         completion = m.completion(10_000)
-        assert completion is not None, f"no completion after {text_of(vocab, tokens[:cut])!r}"
+        assert completion is not None, f"no completion after {text_of(model_vocab, tokens[:cut])!r}"
         force(m, completion)
         assert m.is_accepting()
-        jg.validate_document(compiled, text_of(vocab, tokens[:cut] + completion))
+        jg.validate_document(compiled, text_of(model_vocab, tokens[:cut] + completion))
 
 
 def test_completion_longer_than_the_limit_is_none(compiler: Any) -> None:
@@ -139,7 +140,7 @@ def test_completion_longer_than_the_limit_is_none(compiler: Any) -> None:
     assert m.completion(compiled.min_tokens) is not None
 
 
-def test_fork_is_independent_and_nothing_is_consumed(compiler: Any, vocab: Any) -> None:
+def test_fork_is_independent_and_nothing_is_consumed(compiler: Any, model_vocab: Any) -> None:
     compiled, _, _ = compiler.compile("json_schema", json.dumps(HAND_MADE[0][1]))
     m = compiler.matcher(compiled)
     first = m.completion(100)
@@ -179,7 +180,7 @@ def test_schema_hints_are_json_escaped_and_distinct() -> None:
     assert schema_hints(['^"x"$', '^"x"$', "(unclosed"]) == (b'\\"x\\"',)
 
 
-def test_forced_completion_is_valid_json_for_a_draft_07_schema(compiler: Any, vocab: Any) -> None:
+def test_forced_completion_is_valid_json_for_a_draft_07_schema(compiler: Any, model_vocab: Any) -> None:
     schema = {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "type": "object",
@@ -190,4 +191,4 @@ def test_forced_completion_is_valid_json_for_a_draft_07_schema(compiler: Any, vo
     compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
     completion = compiler.matcher(compiled).completion(100)
     assert completion is not None
-    jsonschema.validate(json.loads(text_of(vocab, completion)), schema)
+    jsonschema.validate(json.loads(text_of(model_vocab, completion)), schema)
