@@ -7,7 +7,8 @@ Scenarios (each starts its own server subprocesses and stops them):
   C prefix_reuse      cold vs warm TTFT of a ~1,100-token shared prefix
   D many_prefixes     32 system prompts round-robin: prefix hit rate vs --no-prefix-cache
   E priority          interactive TTFT and batch throughput under mixed load, priority vs fcfs
-  F structured_output GenerateJSON vs unconstrained generation of the same length
+  F structured_output GenerateJSON vs unconstrained generation of the same length; 120 dev schemas:
+                      valid / closed early / cut off, today vs repetition control vs + json_finish
   G tracing           tracing overhead: OTLP trace export on vs off
   H fairness          two tenants 16:2 streams, fair share on vs off; TLS and auth cost
   I scale             3 replicas (1 thread each): round_robin vs prefix_affinity routing

@@ -40,6 +40,8 @@ class ServerConfig:
     grace_seconds: float = 10.0
     max_schema_bytes: int = 64_000
     grammar_timeout_s: float = 5.0
+    json_finish: str = "cut-off"
+    json_repeat_penalty: float = 0.8
     log_format: str = "text"
     log_level: str = "INFO"
     trace_console: bool = False
@@ -101,6 +103,12 @@ HELP = {
     "grace_seconds": "on SIGTERM, time given to in-flight requests before they are cancelled",
     "max_schema_bytes": "largest JSON Schema / grammar accepted",
     "grammar_timeout_s": "longest grammar compilation accepted",
+    "json_finish": "JSON output that would not end within max_tokens, when a request leaves "
+    "SamplingParams.json_finish unset: cut-off (OUT_OF_RANGE / FINISH_REASON_LENGTH) or close "
+    "(budget-aware completion: closed early with its shortest valid completion, FINISH_REASON_CLOSED)",
+    "json_repeat_penalty": "GenerateJSON's repetition control when a request leaves json_repeat_penalty unset: "
+    "DRY-style penalty on tokens that would repeat a run of the document where it is free text "
+    "(0 = off; docs/structured_output.md)",
     "log_format": "text or json (JSON lines)",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
     "trace_console": "also print OpenTelemetry spans to the console",
@@ -144,7 +152,11 @@ HELP = {
     "batch_max_running": "most batch-job items in the engine at once (0 = half of --max-running), leaving "
     "batch-tier streams their share",
 }
-CHOICES = {"scheduling": ("priority", "fcfs"), "log_format": ("text", "json")}
+CHOICES = {
+    "scheduling": ("priority", "fcfs"),
+    "log_format": ("text", "json"),
+    "json_finish": ("cut-off", "close"),
+}
 
 
 def _env_name(name: str) -> str:
@@ -230,6 +242,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--response-cache-bytes must be >= 0 and --response-cache-max-ttl-s > 0"
     if not 0.0 < c.semantic_cache_threshold <= 1.0:
         return "--semantic-cache-threshold must be in (0, 1]"
+    if not 0.0 <= c.json_repeat_penalty <= 5.0:
+        return "--json-repeat-penalty must be in [0, 5]"
     if c.batch_retention_hours <= 0 or c.batch_max_running < 0 or not c.batch_db:
         return "--batch-retention-hours must be > 0, --batch-max-running >= 0 and --batch-db set"
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):

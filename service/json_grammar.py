@@ -26,6 +26,9 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from service.grammar import schema as gs
 from service.grammar.cache import GrammarCache
+from service.grammar.completion import Completer
+from service.grammar.examples import schema_hints
+from service.grammar.json_keys import JsonScan
 from service.grammar.mask import MaskBatch
 
 __all__ = [
@@ -48,6 +51,7 @@ _LIMIT_WORDS = ("too big", "limit for this grammar", "too many", "fuel", "too co
 # +88 MB = 207 bytes per byte (147 kB per grammar on average).
 BYTES_PER_GRAMMAR_BYTE = 200
 PROBE_TOKENS = 32  # allowed first tokens checked against the parser at compile time
+MAX_COMPLETION_TOKENS = 1 << 20  # no bound: the shortest completion from the start, however long
 
 
 class GrammarError(Exception):
@@ -102,15 +106,36 @@ class CompiledGrammar:
     approximations: tuple[str, ...]  # features compiled approximately, e.g. "oneOf->anyOf"
     _proto: Any = field(default=None, repr=False, compare=False)  # fresh LLMatcher, deep-copied per sequence
     _validator: Any = field(default=None, repr=False, compare=False)  # jsonschema validator
+    # json_schema: tokens of the shortest completion from the start (the smallest max_tokens that
+    # budget-aware completion can honour), None if the search found none; and the schema's
+    # pattern examples that the completion search tries (service.grammar.examples).
+    min_tokens: int | None = None
+    hints: tuple[bytes, ...] = ()
 
 
 class GrammarMatcher:
-    """Per-sequence grammar state (engine thread only)."""
+    """Per-sequence grammar state (engine thread only).
 
-    __slots__ = ("_m",)
+    For JSON output (a ``Completer`` given) it can also find the shortest
+    completion of the document from its current state: consumed tokens are
+    noted, and a JSON scan of their bytes catches up only when a completion is
+    asked for, so matchers that never ask pay one list append per token.
+    """
 
-    def __init__(self, matcher: llg.LLMatcher) -> None:
+    __slots__ = ("_completer", "_hints", "_m", "_pending", "_scan")
+
+    def __init__(
+        self,
+        matcher: llg.LLMatcher,
+        completer: Completer | None = None,
+        hints: tuple[bytes, ...] = (),
+        scan: JsonScan | None = None,
+    ) -> None:
         self._m = matcher
+        self._completer = completer
+        self._hints = hints
+        self._scan = scan if scan is not None else JsonScan()
+        self._pending: list[int] = []
 
     @property
     def ll_matcher(self) -> llg.LLMatcher:
@@ -123,6 +148,8 @@ class GrammarMatcher:
         Status "RESOURCE_EXHAUSTED" when a parser limit was hit, else "INTERNAL"
         (the mask should have excluded the token).
         """
+        if self._completer is not None:
+            self._pending.append(token)
         if not self._m.consume_token(token) or self._m.is_error():
             if self._status() == "RESOURCE_EXHAUSTED":
                 raise GrammarError("RESOURCE_EXHAUSTED", f"grammar limit hit: {_short(self._m.get_error(), 200)}")
@@ -161,6 +188,31 @@ class GrammarMatcher:
     def is_accepting(self) -> bool:
         """The output so far is a complete match (EOS would be allowed)."""
         return bool(self._m.is_accepting())
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy of this state (to look a token ahead without committing it)."""
+        self._catch_up()
+        return GrammarMatcher(self._m.deep_copy(), self._completer, self._hints, self._scan.copy())
+
+    def completion(self, limit: int) -> list[int] | None:
+        """Tokens of the shortest completion found from here (``service.grammar.completion``).
+
+        None for non-JSON grammars, when the search finds none, or when it is
+        longer than ``limit`` tokens. Nothing is consumed.
+        """
+        if self._completer is None or self._m.is_error():
+            return None
+        self._catch_up()
+        return self._completer.complete(self._m, self._scan, limit, self._hints)
+
+    def _catch_up(self) -> None:
+        if self._completer is None or not self._pending:
+            return
+        decode = self._completer.tokenizer.decode_bytes
+        for token in self._pending:
+            for c in decode([token]):
+                self._scan.step(c)
+        self._pending.clear()
 
     def error(self) -> GrammarError | None:
         """Why the matcher failed, or None.
@@ -204,6 +256,7 @@ class GrammarCompiler:
         self.compile_timeout_s = compile_timeout_s
         self._limits = limits or default_limits()
         self.cache: GrammarCache[CompiledGrammar] = GrammarCache(cache_size, cache_bytes, _size_of)
+        self.completer = Completer(ll_tokenizer)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
 
     def start(self, kind: str, source: str) -> tuple[Future[CompiledGrammar], bool]:
@@ -237,7 +290,8 @@ class GrammarCompiler:
 
     def matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
         """A fresh matcher for one sequence (a cheap copy of the compiled prototype)."""
-        return GrammarMatcher(compiled._proto.deep_copy())
+        completer = self.completer if compiled.kind == "json_schema" else None
+        return GrammarMatcher(compiled._proto.deep_copy(), completer, compiled.hints)
 
     def close(self) -> None:
         """Stop the compile workers (pending compiles are cancelled)."""
@@ -281,8 +335,18 @@ class GrammarCompiler:
             proto = self._new_matcher(grammar)
             if not proto.is_error():
                 _probe_start(proto, "json_schema")
+                hints = schema_hints(gs.patterns(schema))
+                shortest = self.completer.complete(proto, JsonScan(), MAX_COMPLETION_TOKENS, hints)
+                validator = gs.make_validator(schema, cls)
                 return CompiledGrammar(
-                    "json_schema", grammar, schema, tuple(approx), proto, gs.make_validator(schema, cls)
+                    "json_schema",
+                    grammar,
+                    schema,
+                    tuple(approx),
+                    proto,
+                    validator,
+                    None if shortest is None else len(shortest),
+                    hints,
                 )
             msg = proto.get_error()
             if _status_of(msg) == "RESOURCE_EXHAUSTED":

@@ -25,7 +25,7 @@ from service.api.cache_front import CacheFront
 from service.api.grammar_service import GrammarService
 from service.api.grpc_options import server_options
 from service.api.intake import Intake
-from service.api.request_builder import PromptLimits, RequestBuilder
+from service.api.request_builder import JsonDefaults, PromptLimits, RequestBuilder
 from service.api.tolerant_decoding import add_servicer
 from service.assembly import batch_config, build_engine, cache_config, stream_limits
 from service.batch.service import BATCH_SERVICE_NAME, BatchService
@@ -128,7 +128,8 @@ class InferenceServer:
             log.warning("model has no chat template; using ChatML for messages")
         bind_model(self.response_cache, self.config.model, template.source)
         limit = min(engine.kv.capacity_tokens, engine.runner.n_ctx_train)
-        builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit))
+        json = JsonDefaults(self.config.json_finish == "close", self.config.json_repeat_penalty)
+        builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit), json)
         engine.on_failure = self._on_engine_failure
         engine.start(loop)
         return engine, builder, grammar

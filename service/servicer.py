@@ -21,6 +21,7 @@ from inference.v1 import inference_pb2_grpc as pb_grpc
 from service.api.cache_front import Replay
 from service.api.generate_stream import GenerateStream, StreamLimits
 from service.api.intake import Intake, Need, rejection, rpc_deadline, unavailable_metadata
+from service.api.json_layout import pretty_json
 from service.api.model_rpcs import ModelApi, model_api_for
 from service.api.proto_convert import done_proto, logprob_proto
 from service.api.stream_backlog import ACKS_METADATA_KEY
@@ -75,7 +76,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         result: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         seq = await self._prepare_json(request, context, result)
         if (replay := await self.intake.cache.before_submit(seq, request, json_mode=True)) is not None:
-            return await self._cached_json(seq, replay, context)
+            return _laid_out(await self._cached_json(seq, replay, context), request.pretty)
         try:
             self.intake.submit(seq)
         except (QueueFull, Draining) as exc:
@@ -89,7 +90,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except asyncio.CancelledError:
             self.intake.abort(seq)
             raise
-        return await self._json_response(seq, evs, context)
+        return _laid_out(await self._json_response(seq, evs, context), request.pretty)
 
     async def _prepare_json(
         self, request: pb.GenerateJSONRequest, context: grpc.aio.ServicerContext, result: asyncio.Future[Any]
@@ -105,6 +106,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 ("json_schema", request.json_schema),
                 rpc_deadline(context),
                 json_mode=True,
+                raw_prompt=request.raw_prompt,
             )
             if seq.params.n != 1 or seq.params.echo_prompt_logprobs:
                 raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
@@ -136,9 +138,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await context.abort(grpc.StatusCode[last.status], last.message)
         text = "".join(e.text for e in evs if isinstance(e, Delta))
         if last.finish_reason is FinishReason.LENGTH:
+            hint = "" if seq.params.json_finish else " or set json_finish CLOSE_WITHIN_BUDGET"
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
-                f"JSON document cut off at max_tokens={seq.params.max_tokens}; raise max_tokens",
+                f"JSON document cut off at max_tokens={seq.params.max_tokens}; raise max_tokens{hint}",
             )
         if last.finish_reason is FinishReason.CANCELLED:
             await context.abort(grpc.StatusCode.CANCELLED, "request cancelled")
@@ -192,3 +195,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             return await call()
         except BadRequest as exc:
             await context.abort(grpc.StatusCode[exc.status], str(exc))
+
+
+def _laid_out(response: pb.GenerateJSONResponse, pretty: bool) -> pb.GenerateJSONResponse:
+    """GenerateJSONRequest.pretty: the document indented (``service.api.json_layout``)."""
+    if pretty:
+        response.json = pretty_json(response.json)
+    return response

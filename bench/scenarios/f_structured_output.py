@@ -1,5 +1,9 @@
 """Scenario F — structured output overhead: GenerateJSON vs unconstrained generation of the same length.
 
+(Part "overhead"; part "finish", documents that end on real-world schemas, is
+bench/scenarios/f_finish.py. ``BENCH_F_PARTS`` picks the parts, default both;
+a part not run is kept from the previous result file.)
+
 GenerateJSON runs first (greedy, a small bounded schema) at 1 and 8 concurrent
 clients; each request's completion tokens are recorded. Then unconstrained
 Generate runs the same prompts with ``max_tokens`` equal to those counts and
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
@@ -20,13 +25,14 @@ import grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from bench.harness.config import BenchConfig, say
+from bench.harness.config import BenchConfig, results_dir, say
 from bench.harness.grpc_load import ReqResult, Stream, channel, get_metrics
 from bench.harness.procs import GrpcServer
 from bench.harness.prompts import PromptMaker
 from bench.harness.results import Skipped
 from bench.harness.stats import ratio
 from bench.harness.tables import Row, fmt, table
+from bench.scenarios import f_finish
 
 SCHEMA = {
     "type": "object",
@@ -144,7 +150,30 @@ async def _level(target: str, groups: list[list[str]]) -> dict[str, Any]:
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    """GenerateJSON vs plain at 1 and 8 clients; ``Skipped`` when the server lacks GenerateJSON."""
+    """Part "overhead" (GenerateJSON vs plain at 1 and 8 clients; ``Skipped`` when the server lacks
+    GenerateJSON) and part "finish" (``f_finish``), as ``BENCH_F_PARTS`` says."""
+    parts = set(os.environ.get("BENCH_F_PARTS", "overhead,finish").split(","))
+    out = _run_overhead(cfg) if "overhead" in parts else _previous("levels", "schema", "max_tokens")
+    if "finish" in parts:
+        say("  finish: 120 dev schemas x 3 arms (today / repetition control / + budget-aware completion)")
+        out["finish"] = f_finish.run(cfg)
+    else:
+        out |= _previous("finish")
+    return out
+
+
+def _previous(*keys: str) -> dict[str, Any]:
+    """``keys`` of the last result file's results, marked with where and when they were measured."""
+    path = results_dir() / "structured_output.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    found = {k: doc["results"][k] for k in keys if k in doc.get("results", {})}
+    if not found:
+        return {}
+    m = doc.get("machine", {})
+    return found | {f"{keys[0]}_measured": {k: m.get(k) for k in ("date", "git_rev", "loadavg_at_start")}}
+
+
+def _run_overhead(cfg: BenchConfig) -> dict[str, Any]:
     maker = PromptMaker(cfg.model, seed=31)
     per_client = {1: 2, 8: 1} if cfg.quick else {1: 8, 8: 3}
     out: dict[str, Any] = {"schema": SCHEMA, "max_tokens": MAX_TOKENS, "levels": {}}
@@ -200,7 +229,10 @@ def _row(c: str, x: dict[str, Any]) -> Row:
 
 
 def render(r: dict[str, Any]) -> str:
-    """The summary.md section of scenario F."""
+    """The summary.md section of scenario F (both parts)."""
+    finish = ["", f_finish.render(r["finish"])] if "finish" in r else []
+    if "levels" not in r:
+        return "\n".join(finish[1:])
     return "\n".join(
         [
             "GenerateJSON (greedy, small bounded schema) first; then unconstrained Generate of the same prompts "
@@ -209,5 +241,6 @@ def render(r: dict[str, Any]) -> str:
             "which can make constrained generation faster than unconstrained.",
             "",
             table(HEAD, [_row(c, x) for c, x in r["levels"].items()]),
+            *finish,
         ]
     )

@@ -45,6 +45,7 @@ from service.continuous_batcher import Draining, Engine
 from service.observability.telemetry import Telemetry
 from service.priority import QueueFull
 from service.request.choices import link_choices
+from service.request.constraints import FinishBudget
 from service.request.errors import BadRequest
 from service.request.events import DRAINING, ENGINE_FAILED, LOADING, Error
 from service.request.sequence import Sequence
@@ -97,6 +98,24 @@ def rejection(exc: QueueFull | Draining) -> Rejection:
 def unavailable_metadata(reason: str) -> tuple[tuple[str, str], ...]:
     """Trailing metadata of an RPC that failed UNAVAILABLE for ``reason`` (none for no reason)."""
     return ((REASON_METADATA_KEY, reason),) if reason else ()
+
+
+def budget_for(seq: Sequence) -> FinishBudget | None:
+    """Budget-aware completion state for a ``json_finish`` request; refuses one that cannot fit.
+
+    Raises BadRequest(OUT_OF_RANGE) naming the minimum when even the shortest
+    valid document is longer than max_tokens.
+    """
+    shortest = seq.grammar.min_tokens if seq.grammar is not None else None
+    if not seq.params.json_finish or shortest is None:
+        return None  # NOTE: no completion found from the start: the request behaves as without it
+    if shortest > seq.params.max_tokens:
+        raise BadRequest(
+            f"max_tokens={seq.params.max_tokens} is below the shortest valid document for this schema "
+            f"({shortest} tokens); raise max_tokens to at least {shortest}",
+            "OUT_OF_RANGE",
+        )
+    return FinishBudget(known=shortest)
 
 
 def rpc_deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -159,12 +178,21 @@ class Intake:
         fmt: tuple[str, str] | None,
         deadline: float | None,
         json_mode: bool = False,
+        raw_prompt: bool = False,
     ) -> Sequence:
-        """Validate a request into a ready-to-submit Sequence; raises BadRequest."""
+        """Validate a request into a ready-to-submit Sequence; raises BadRequest.
+
+        ``json_mode`` (GenerateJSON): a bare prompt is rendered as one user turn
+        through the model's own chat template unless ``raw_prompt`` (or the
+        model has none).
+        """
         prio = self.builder.priority(priority)
+        if json_mode and prompt and not messages and not raw_prompt and self.builder.template.from_model:
+            prompt, messages = "", [pb.ChatMessage(role="user", content=prompt)]
         ids = self.builder.prompt_ids(prompt, list(messages))
-        params = self.builder.sampling(sampling, len(ids), json_mode=json_mode)
-        if params.stop and (json_mode or (fmt is not None and fmt[0] == "json_schema")):
+        json_output = json_mode or (fmt is not None and fmt[0] == "json_schema")
+        params = self.builder.sampling(sampling, len(ids), json_mode=json_mode, json_output=json_output)
+        if params.stop and json_output:
             raise BadRequest(
                 "stop strings cannot be combined with a JSON Schema: a document cut at a stop string "
                 "would not be valid JSON (the grammar ends the document itself)"
@@ -175,6 +203,7 @@ class Intake:
         if fmt is not None:
             seq.matcher, seq.grammar = await self.grammar.matcher_for(*fmt)
             seq.keys = self.grammar.key_guard(fmt[0])
+            seq.budget = budget_for(seq)
         return seq
 
     async def prepare_choices(self, request_id: str, *args: Any) -> list[Sequence]:

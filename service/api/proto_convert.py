@@ -13,6 +13,7 @@ FINISH = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    FinishReason.CLOSED: pb.FINISH_REASON_CLOSED,
 }
 FORMAT_KINDS = {"json_schema": "json_schema", "regex": "regex", "lark_grammar": "lark", "gbnf_grammar": "gbnf"}
 

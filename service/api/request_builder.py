@@ -24,6 +24,11 @@ MAX_STOP_BYTES = 256
 MAX_CHOICES = 16
 # Request ids are echoed on every event and kept per stream: bounded like any identifier.
 MAX_REQUEST_ID_BYTES = 256
+MAX_LOGIT_BIAS = 1024
+PENALTY_RANGE = 2.0  # frequency / presence penalties in -2 .. 2 (OpenAI's range)
+MAX_REPETITION_PENALTY = 10.0
+MAX_BIAS = 100.0
+MAX_JSON_REPEAT_PENALTY = 5.0
 
 
 PRIORITIES: dict[int, Priority] = {
@@ -38,13 +43,24 @@ class PromptLimits:
     max_context: int  # prompt + generated tokens one sequence may hold
 
 
+@dataclass(frozen=True)
+class JsonDefaults:
+    """Server defaults for JSON output (flags --json-finish and --json-repeat-penalty)."""
+
+    close_within_budget: bool = False  # JSON_FINISH_UNSPECIFIED means CLOSE_WITHIN_BUDGET
+    repeat_penalty: float = 0.8  # GenerateJSON's json_repeat_penalty when unset (Generate: 0)
+
+
 class RequestBuilder:
     """Turns prompt/messages/sampling/priority fields into validated engine inputs."""
 
-    def __init__(self, vocab: Vocab, template: ChatTemplate, limits: PromptLimits) -> None:
+    def __init__(
+        self, vocab: Vocab, template: ChatTemplate, limits: PromptLimits, json: JsonDefaults | None = None
+    ) -> None:
         self.vocab = vocab
         self.template = template
         self.limits = limits
+        self.json = json or JsonDefaults()
 
     def priority(self, value: int) -> Priority:
         if value not in PRIORITIES:
@@ -96,9 +112,16 @@ class RequestBuilder:
         parse = parse if parse_special is None else parse_special
         return text, self.vocab.tokenize(text, add_special=add, parse_special=parse)
 
-    def sampling(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool = False) -> SamplingParams:
-        """Validated sampling parameters; unset fields take the documented defaults."""
+    def sampling(
+        self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool = False, json_output: bool = False
+    ) -> SamplingParams:
+        """Validated sampling parameters; unset fields take the documented defaults.
+
+        ``json_mode``: a GenerateJSON request; ``json_output``: the output is a
+        JSON document (GenerateJSON or a json_schema response format).
+        """
         max_tokens = self._max_tokens(sp, num_prompt, json_mode)
+        json_finish, repeat_penalty = self._json_fields(sp, json_mode, json_output or json_mode)
         defaults = SamplingParams()
         temperature = sp.temperature if sp.HasField("temperature") else defaults.temperature
         top_p = sp.top_p if sp.HasField("top_p") else defaults.top_p
@@ -125,7 +148,38 @@ class RequestBuilder:
             top_logprobs=_top_logprobs(sp),
             n=_choices(sp),
             echo_prompt_logprobs=sp.echo_prompt_logprobs,
+            **_penalties(sp),
+            logit_bias=_logit_bias(sp, self.vocab.n_vocab),
+            json_finish=json_finish,
+            json_repeat_penalty=repeat_penalty,
         )
+
+    def _json_fields(self, sp: pb.SamplingParams, json_mode: bool, json_output: bool) -> tuple[bool, float]:
+        """json_finish and json_repeat_penalty: only for JSON output; unset takes the server defaults."""
+        finish = sp.json_finish
+        if finish not in (
+            pb.JSON_FINISH_UNSPECIFIED,
+            pb.JSON_FINISH_CUT_OFF,
+            pb.JSON_FINISH_CLOSE_WITHIN_BUDGET,
+        ):
+            raise BadRequest(f"json_finish {finish} is not a known JsonFinish value (0, 1 or 2)")
+        if finish == pb.JSON_FINISH_CLOSE_WITHIN_BUDGET and not json_output:
+            raise BadRequest(
+                "json_finish CLOSE_WITHIN_BUDGET needs JSON output: GenerateJSON or a json_schema response_format"
+            )
+        close = finish == pb.JSON_FINISH_CLOSE_WITHIN_BUDGET or (
+            finish == pb.JSON_FINISH_UNSPECIFIED and json_output and self.json.close_within_budget
+        )
+        if not sp.HasField("json_repeat_penalty"):
+            return close, self.json.repeat_penalty if json_mode else 0.0
+        value = sp.json_repeat_penalty
+        if not (math.isfinite(value) and 0.0 <= value <= MAX_JSON_REPEAT_PENALTY):
+            raise BadRequest(f"json_repeat_penalty must be in [0, {MAX_JSON_REPEAT_PENALTY:g}], got {value}")
+        if value and not json_output:
+            raise BadRequest(
+                "json_repeat_penalty needs JSON output: GenerateJSON or a json_schema response_format"
+            )
+        return close, value
 
     def _max_tokens(self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool) -> int:
         limit = self.limits.max_context
@@ -147,6 +201,37 @@ class RequestBuilder:
                 )
             return max_tokens
         return min(DEFAULT_JSON_MAX_TOKENS if json_mode else DEFAULT_MAX_TOKENS, room)
+
+
+def _penalties(sp: pb.SamplingParams) -> dict[str, float]:
+    """frequency / presence / repetition penalties, range-checked; unset means off."""
+    out: dict[str, float] = {}
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(sp, name) if sp.HasField(name) else 0.0
+        if not (math.isfinite(value) and -PENALTY_RANGE <= value <= PENALTY_RANGE):
+            raise BadRequest(f"{name} must be in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}], got {value}")
+        out[name] = value
+    rep = sp.repetition_penalty if sp.HasField("repetition_penalty") else 1.0
+    if not (math.isfinite(rep) and 0.0 < rep <= MAX_REPETITION_PENALTY):
+        raise BadRequest(
+            f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off), got {rep}"
+        )
+    out["repetition_penalty"] = rep
+    return out
+
+
+def _logit_bias(sp: pb.SamplingParams, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """The logit_bias map as sorted (id, bias) pairs; ids in the vocabulary, biases in [-100, 100]."""
+    if len(sp.logit_bias) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"logit_bias has {len(sp.logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
+    for token, bias in sp.logit_bias.items():
+        if not 0 <= token < n_vocab:
+            raise BadRequest(f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1})")
+        if not (math.isfinite(bias) and -MAX_BIAS <= bias <= MAX_BIAS):
+            raise BadRequest(
+                f"logit_bias for token {token} must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got {bias}"
+            )
+    return tuple(sorted((int(t), float(b)) for t, b in sp.logit_bias.items() if b != 0.0))
 
 
 def _stops(sp: pb.SamplingParams) -> tuple[str, ...]:

@@ -36,7 +36,9 @@ class StoreThread:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
 
     async def __call__(self, method: str, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, getattr(self.store, method), *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, getattr(self.store, method), *args
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -78,7 +80,7 @@ async def prepare(intake: Intake, item: bpb.BatchItem, request_id: str) -> Seque
         _check_unsupported(j.sampling)
         return await intake.prepare(
             request_id, j.prompt, j.messages, j.sampling, pb.PRIORITY_BATCH, ("json_schema", j.json_schema),
-            None, json_mode=True,
+            None, json_mode=True, raw_prompt=j.raw_prompt,
         )
     raise BadRequest("set the item's generate or generate_json request")
 
@@ -89,7 +91,12 @@ def sort_key(seq: Sequence) -> bytes:
     return struct.pack(f">{len(ids)}I", *ids)
 
 
-FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "cancelled"}
+FINISH = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "cancelled",
+    FinishReason.CLOSED: "closed",
+}
 
 
 def outcome(seq: Sequence, events: list[Any], json_item: bool, grammar: Any) -> tuple[ItemState, ItemResult]:
@@ -127,4 +134,3 @@ def _json_problem(seq: Sequence, text: str, done: Done, grammar: Any) -> tuple[s
     except BadRequest as exc:
         return exc.status, str(exc)
     return None
-

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from service.model.logprobs import prompt_logprobs, token_logprob
+from service.model.penalties import penalize_rows
 from service.model.runner import ModelRunner
 from service.model.sampling import sample_rows_guarded
 from service.observability.engine_metrics import EngineMetrics
@@ -111,7 +112,8 @@ class ModelStep:
             seq.error, seq.error_status = f"prompt log-probabilities failed: {type(exc).__name__}", "INTERNAL"
 
     def sample(self, seqs: list[Sequence], logits: np.ndarray) -> dict[int, int]:
-        """Mask constrained rows, sample every row, note log-probabilities; uid -> token (-1: failed)."""
+        """Mask constrained rows, apply the rows' own bias and penalties, sample every row, note
+        log-probabilities; uid -> token (-1: failed)."""
         matchers = [(i, s.matcher) for i, s in enumerate(seqs) if s.matcher is not None]
         if matchers and self.mask_batch is not None:
             constrained = [i for i, _ in matchers]
@@ -120,6 +122,7 @@ class ModelStep:
             for i in constrained:
                 if (keys := seqs[i].keys) is not None:
                     keys.apply(logits[i])
+        penalize_rows(logits, seqs)
         if self.logits_hook is not None:
             self.logits_hook(seqs, logits)
         tokens = sample_rows_guarded(logits, seqs)

@@ -127,5 +127,6 @@ def _eligible(seq: Sequence) -> bool:
         and seq.num_computed >= seq.num_prompt_tokens
         and seq.matcher is None
         and not seq.params.logprobs
+        and not seq.params.penalized  # NOTE: drafts are verified on unpenalised rows
         and not seq.needs_prompt_rows
     )

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Container
 from collections.abc import Sequence as Seq
 
+from service.engine.json_finish import JsonFinisher
 from service.model.logprobs import forced_logprob
 from service.request.sequence import FinishReason, Sequence
 
@@ -25,6 +26,7 @@ class TokenAppender:
         self.eog_ids = eog_ids
         self.token_bytes = token_bytes
         self.forced = 0  # grammar-forced tokens appended (read and reset by the engine)
+        self.finisher = JsonFinisher(eog_ids, token_bytes)
 
     def __call__(self, seq: Sequence, token: int) -> FinishReason | None:
         """Append ``token`` and any tokens the grammar then forces; say why ``seq`` finished, if it did."""
@@ -33,6 +35,8 @@ class TokenAppender:
         if seq.params.max_tokens == 0:  # prompt scoring only (echo_prompt_logprobs): nothing generated
             return FinishReason.LENGTH
         try:
+            if seq.budget is not None and (completion := self.finisher.intercept(seq, token)) is not None:
+                return self._close(seq, completion)
             return self._append_with_forced(seq, token)
         except Exception as exc:
             log.exception("processing a sampled token failed")
@@ -52,6 +56,22 @@ class TokenAppender:
                     break
             self.forced += len(forced)
         return reason
+
+    def _close(self, seq: Sequence, completion: list[int]) -> FinishReason:
+        """Budget-aware completion: append ``completion`` (instead of the sampled token); the document ends."""
+        seq.pending_logprob = None  # the sampled token is dropped
+        for t in completion:
+            reason = self._append_one(seq, t)
+            if reason is FinishReason.ERROR:
+                return reason
+            if reason is not None:
+                break
+        self.forced += len(completion)
+        assert seq.matcher is not None
+        if not seq.matcher.is_accepting():
+            seq.error, seq.error_status = "budget-aware completion did not complete the document", "INTERNAL"
+            return FinishReason.ERROR
+        return FinishReason.CLOSED
 
     def _note_logprob(self, seq: Sequence, token: int) -> None:
         """The sampled token's entry (computed by the engine), else a grammar-forced token's."""

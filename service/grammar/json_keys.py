@@ -32,7 +32,7 @@ class KeyVocab:
 
 
 @dataclass
-class _Scan:
+class JsonScan:
     """The scanner state; copied to try a token without committing it."""
 
     stack: list[set[bytes] | None] = field(default_factory=list)  # set: an object's keys; None: array
@@ -42,10 +42,12 @@ class _Scan:
     escape: bool = False
     buf: bytearray = field(default_factory=bytearray)
 
-    def copy(self) -> _Scan:
+    def copy(self) -> JsonScan:
         # NOTE: the stack's sets are shared, not copied: a trial never mutates them (it stops at
         # the first closed key).
-        return _Scan(list(self.stack), self.expect_key, self.in_string, self.is_key, self.escape, bytearray(self.buf))
+        return JsonScan(
+            list(self.stack), self.expect_key, self.in_string, self.is_key, self.escape, bytearray(self.buf)
+        )
 
     def step(self, c: int) -> bytes | None:
         """Advance by one byte; returns a key when this byte closed one (not yet recorded)."""
@@ -88,7 +90,7 @@ class KeyGuard:
 
     def __init__(self, vocab: KeyVocab) -> None:
         self.vocab = vocab
-        self.scan = _Scan()
+        self.scan = JsonScan()
 
     def feed(self, data: bytes) -> None:
         """The bytes of a token that was appended to the document."""

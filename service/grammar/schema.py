@@ -271,6 +271,18 @@ def _relax_pattern(schema: dict[str, Any], error: str) -> str | None:
     return None
 
 
+def patterns(schema: dict[str, Any]) -> list[str]:
+    """Every ``pattern`` string of ``schema``'s subschemas, in document order."""
+    found: list[str] = []
+
+    def visit(s: dict[str, Any]) -> None:
+        if isinstance(s.get("pattern"), str):
+            found.append(s["pattern"])
+
+    _walk(schema, visit)
+    return found
+
+
 def prepare(schema: dict[str, Any]) -> dict[str, Any]:
     """A private copy of ``schema`` for llguidance, without a client ``x-guidance`` key.
 

@@ -17,6 +17,13 @@ from service.request.sequence import FinishReason, Priority, Sequence
 
 WINDOW = 2048  # latency observations kept per tier and metric
 THROUGHPUT_WINDOW_S = 10.0
+COMPLETED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CLOSED)
+DOCUMENT_ENDS = {FinishReason.STOP: "natural", FinishReason.CLOSED: "closed", FinishReason.LENGTH: "cut_off"}
+
+
+def _is_json(seq: Sequence) -> bool:
+    """The sequence writes a JSON document (json_schema output)."""
+    return getattr(seq.grammar, "kind", None) == "json_schema"
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -60,6 +67,8 @@ class EngineMetrics:
         self.mask_us: deque[float] = deque(maxlen=WINDOW * 8)
         self.constrained_tokens = 0
         self.forced_tokens = 0
+        # JSON documents (json_schema output) by how they ended: STOP, CLOSED, LENGTH
+        self.documents: Counter[str] = Counter()
 
     def on_accept(self, seq: Sequence) -> None:
         with self._lock:
@@ -95,7 +104,9 @@ class EngineMetrics:
     def on_finish(self, seq: Sequence) -> None:
         tier = self.tiers[seq.priority]
         with self._lock:
-            if seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            if _is_json(seq) and (kind := DOCUMENT_ENDS.get(seq.finish_reason)) is not None:  # type: ignore[arg-type]
+                self.documents[kind] += 1
+            if seq.finish_reason in COMPLETED:
                 tier.completed += 1
             elif seq.finish_reason is FinishReason.CANCELLED:
                 tier.cancelled += 1
@@ -109,7 +120,7 @@ class EngineMetrics:
                 lat["ttft"].append((seq.first_token_time - seq.arrival) * 1e3)
                 if seq.num_generated > 1:
                     lat["tpot"].append((end - seq.first_token_time) * 1e3 / (seq.num_generated - 1))
-            if seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            if seq.finish_reason in COMPLETED:
                 lat["e2e"].append((end - seq.arrival) * 1e3)
 
     def on_grammar_compile(self, ms: float, cache_hit: bool) -> None:
@@ -171,5 +182,6 @@ class EngineMetrics:
                     "mask_us_p99": float(np.percentile(mask, 99)),
                     "constrained_tokens": self.constrained_tokens,
                     "forced_tokens": self.forced_tokens,
+                    **{f"documents_{k}": self.documents[k] for k in DOCUMENT_ENDS.values()},
                 },
             }

@@ -222,6 +222,15 @@ COUNTERS: list[Instrument] = [
         "constrained tokens forced by the grammar",
         _field("grammar.forced_tokens"),
     ),
+    (
+        "inference.grammar.documents",
+        "{document}",
+        "JSON documents by how they ended (natural, closed: budget-aware completion, cut_off: max_tokens)",
+        _by(
+            "inference.document.end",
+            {k: f"grammar.documents_{k}" for k in ("natural", "closed", "cut_off")},
+        ),
+    ),
 ]
 
 GAUGES: list[Instrument] = [

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from service.request.constraints import KeyFilter, Matcher
+from service.request.constraints import FinishBudget, KeyFilter, Matcher
 from service.request.text_stream import TextStream
 
 
@@ -45,6 +45,7 @@ class SeqStatus(Enum):
 class FinishReason(Enum):
     STOP = "stop"
     LENGTH = "length"
+    CLOSED = "closed"  # a JSON document closed early by its shortest completion (json_finish)
     CANCELLED = "cancelled"
     ERROR = "error"
 
@@ -65,10 +66,26 @@ class SamplingParams:
     top_logprobs: int = 0  # ... and this many most likely alternatives
     n: int = 1  # choices of the request (each choice is its own Sequence)
     echo_prompt_logprobs: bool = False  # report the prompt tokens' log-probabilities
+    frequency_penalty: float = 0.0  # OpenAI: logit -= count in the output so far * this
+    presence_penalty: float = 0.0  # OpenAI: logit -= this for tokens in the output so far
+    repetition_penalty: float = 1.0  # llama.cpp: over the last 64 context tokens (1 = off)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted by id
+    json_finish: bool = False  # close a JSON document within max_tokens (JSON_FINISH_CLOSE_WITHIN_BUDGET)
+    json_repeat_penalty: float = 0.0  # DRY-style penalty on repeats where JSON output is free text
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Any of logit_bias / frequency / presence / repetition penalty is on (the sampler's extra pass)."""
+        return bool(
+            self.logit_bias
+            or self.frequency_penalty
+            or self.presence_penalty
+            or self.repetition_penalty != 1.0
+        )
 
 
 _uid = itertools.count(1)
@@ -120,6 +137,7 @@ class Sequence:
     error: str | None = None
     error_status: str = "INTERNAL"
     keys: KeyFilter | None = None  # against duplicate object keys (json_schema output; grammar.json_keys)
+    budget: FinishBudget | None = None  # budget-aware completion state (engine.json_finish), json_finish only
     paused: bool = False  # not scheduled while its client does not read (engine thread writes it)
     closed: bool = False  # its terminal event was delivered (event loop writes it)
     # -- several choices of one request (SamplingParams.n) and log-probabilities --------

@@ -222,7 +222,7 @@ class ResponseCache:
 
     @staticmethod
     def _entry(t: Ticket, done: Done | None) -> Entry | None:
-        ok = (FinishReason.STOP,) if t.json_mode else (FinishReason.STOP, FinishReason.LENGTH)
+        ok = (FinishReason.STOP, FinishReason.CLOSED) if t.json_mode else (FinishReason.STOP, FinishReason.LENGTH)
         if done is None or done.finish_reason not in ok:
             return None
         return Entry(

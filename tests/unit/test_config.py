@@ -36,6 +36,8 @@ RULES: list[tuple[dict[str, Any], str]] = [
     ({"response_cache_max_ttl_s": 0.0}, "--response-cache-max-ttl-s > 0"),
     ({"semantic_cache_threshold": 0.0}, "--semantic-cache-threshold must be in (0, 1]"),
     ({"semantic_cache_threshold": 1.5}, "--semantic-cache-threshold must be in (0, 1]"),
+    ({"json_repeat_penalty": -0.1}, "--json-repeat-penalty must be in [0, 5]"),
+    ({"json_repeat_penalty": 5.5}, "--json-repeat-penalty must be in [0, 5]"),
     ({"batch_retention_hours": 0.0}, "--batch-retention-hours must be > 0"),
     ({"batch_max_running": -1}, "--batch-max-running >= 0"),
     ({"batch_db": ""}, "--batch-db set"),

@@ -72,7 +72,11 @@ def to_item(item: bpb.BatchItem | Mapping[str, Any]) -> bpb.BatchItem:
     schema = _schema(body.get("response_format")) or body.get("json_schema")
     if schema is not None:
         schema = schema if isinstance(schema, str) else json.dumps(schema)
-        req = pb.GenerateJSONRequest(prompt=prompt, messages=messages, json_schema=schema, sampling=sampling)
+        # NOTE: OpenAI's "prompt" (the completions API) is text to continue, as Generate treats it;
+        # GenerateJSON would otherwise render it as a chat turn (GenerateJSONRequest.raw_prompt).
+        req = pb.GenerateJSONRequest(
+            prompt=prompt, messages=messages, json_schema=schema, sampling=sampling, raw_prompt=bool(prompt)
+        )
         return bpb.BatchItem(custom_id=str(item["custom_id"]), generate_json=req)
     gen = pb.GenerateRequest(prompt=prompt, messages=messages, sampling=sampling)
     return bpb.BatchItem(custom_id=str(item["custom_id"]), generate=gen)

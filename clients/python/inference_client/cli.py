@@ -3,7 +3,7 @@
 Commands::
 
     inference-client generate PROMPT [sampling options] [--chat] [--priority batch]
-    inference-client json --schema FILE PROMPT
+    inference-client json --schema FILE PROMPT [--close] [--raw] [--repeat-penalty X]
     inference-client metrics [--json]
     inference-client health [--service NAME]
     inference-client tokenize TEXT [--chat] [--ids|--json]   (and detokenize, count, info: cli_model.py)
@@ -27,6 +27,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from inference.v1 import inference_pb2 as pb
 
 from .batch_cli import COMMANDS as BATCH_COMMANDS
 from .batch_cli import add_commands as add_batch_commands
@@ -65,6 +67,9 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--echo-prompt-logprobs", action="store_true", help="print the prompt tokens' log-probabilities"
     )
+    p.add_argument("--frequency-penalty", type=float, help="OpenAI frequency penalty, -2..2")
+    p.add_argument("--presence-penalty", type=float, help="OpenAI presence penalty, -2..2")
+    p.add_argument("--repetition-penalty", type=float, help="llama.cpp repeat penalty over the last 64 tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     js = sub.add_parser("json", help="generate one JSON document valid against a schema")
     js.add_argument("--schema", required=True, metavar="FILE", help="JSON Schema file")
     js.add_argument("--compact", action="store_true", help="print the document on one line")
+    js.add_argument("--raw", action="store_true", help="send the prompt as it is (default: as one chat turn)")
+    js.add_argument(
+        "--close", action="store_true", help="close the document within --max-tokens (budget-aware completion)"
+    )
+    js.add_argument("--repeat-penalty", type=float, help="repetition control inside the document (0 = off)")
     _add_sampling(js)
 
     met = sub.add_parser("metrics", help="print the engine metrics")
@@ -109,7 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sampling(args: argparse.Namespace) -> dict[str, Any]:
-    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "priority", "top_logprobs")
+    names = (
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "priority",
+        "top_logprobs",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+    )
     options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     for flag in ("logprobs", "echo_prompt_logprobs"):
         if getattr(args, flag):
@@ -170,12 +192,20 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
 
 def cmd_json(client: InferenceClient, args: argparse.Namespace) -> int:
     """Print the generated JSON document."""
-    resp = client.generate_json_response(_read_schema(args.schema), **prompt_input(args), **_sampling(args))
+    options = _sampling(args)
+    if args.raw:
+        options["raw_prompt"] = True
+    if args.close:
+        options["json_finish"] = "close_within_budget"
+    if args.repeat_penalty is not None:
+        options["json_repeat_penalty"] = args.repeat_penalty
+    resp = client.generate_json_response(_read_schema(args.schema), **prompt_input(args), **options)
     doc = json.loads(resp.json)
     print(json.dumps(doc, separators=(",", ":")) if args.compact else json.dumps(doc, indent=2))
     t = resp.timing
+    closed = " closed-early" if resp.finish_reason == pb.FINISH_REASON_CLOSED else ""
     print(
-        f"[prompt={resp.usage.prompt_tokens} completion={resp.usage.completion_tokens} "
+        f"[prompt={resp.usage.prompt_tokens} completion={resp.usage.completion_tokens}{closed} "
         f"ttft={t.ttft_ms:.1f}ms total={t.total_ms:.1f}ms]",
         file=sys.stderr,
     )

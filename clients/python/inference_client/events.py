@@ -20,6 +20,7 @@ _FINISH: dict[int, str] = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_CANCELLED: "cancelled",
+    pb.FINISH_REASON_CLOSED: "closed",
 }
 
 
@@ -69,7 +70,8 @@ class Timing:
 
 @dataclass(frozen=True)
 class Done:
-    """Last event of a request: ``finish_reason`` is "stop", "length" or "cancelled"."""
+    """Last event of a request: ``finish_reason`` is "stop", "length", "cancelled" or "closed"
+    (a JSON document closed early to fit max_tokens: json_finish)."""
 
     finish_reason: str
     usage: Usage = field(default_factory=Usage)

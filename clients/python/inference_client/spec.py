@@ -37,6 +37,39 @@ def priority_value(priority: str | int | None) -> pb.Priority:
         raise ValueError(f"unknown priority {priority!r}; use 'interactive' or 'batch'") from None
 
 
+_OPTIONAL_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "top_logprobs",
+    "n",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "json_repeat_penalty",
+)
+_JSON_FINISH: dict[str, pb.JsonFinish] = {
+    "cut_off": pb.JSON_FINISH_CUT_OFF,
+    "close_within_budget": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET,
+    "unspecified": pb.JSON_FINISH_UNSPECIFIED,
+}
+
+
+def json_finish_value(value: str | int | None) -> pb.JsonFinish:
+    """Map "cut_off"/"close_within_budget" (or an enum number) to the JsonFinish enum."""
+    if value is None:
+        return pb.JSON_FINISH_UNSPECIFIED
+    if isinstance(value, int):
+        return cast(pb.JsonFinish, value)
+    try:
+        return _JSON_FINISH[value.lower()]
+    except KeyError:
+        raise ValueError(f"unknown json_finish {value!r}; use 'cut_off' or 'close_within_budget'") from None
+
+
 def chat_messages(messages: Sequence[MessageLike] | None) -> list[pb.ChatMessage]:
     """Convert chat turns to ChatMessage protos."""
     out: list[pb.ChatMessage] = []
@@ -74,6 +107,14 @@ class SamplingOptions(TypedDict, total=False):
     top_logprobs: int
     n: int
     echo_prompt_logprobs: bool
+    frequency_penalty: float
+    presence_penalty: float
+    repetition_penalty: float
+    logit_bias: Mapping[int, float]
+    json_finish: str | int
+    json_repeat_penalty: float
+    raw_prompt: bool
+    pretty: bool
 
 
 class GenerateOptions(SamplingOptions, total=False):
@@ -115,6 +156,14 @@ class RequestSpec:
     top_logprobs: int | None = None
     n: int | None = None
     echo_prompt_logprobs: bool = False
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: Mapping[int, float] | None = None
+    json_finish: str | int | None = None  # "cut_off" or "close_within_budget" (JSON output only)
+    json_repeat_penalty: float | None = None
+    raw_prompt: bool = False  # GenerateJSON only: send a bare prompt without the chat template
+    pretty: bool = False  # GenerateJSON only: the document indented
 
     def sampling(self) -> pb.SamplingParams:
         """The SamplingParams message; unset fields stay unset (server defaults)."""
@@ -123,8 +172,10 @@ class RequestSpec:
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
             echo_prompt_logprobs=self.echo_prompt_logprobs,
+            logit_bias=dict(self.logit_bias or {}),
+            json_finish=json_finish_value(self.json_finish),
         )
-        for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "top_logprobs", "n"):
+        for name in _OPTIONAL_FIELDS:
             value = getattr(self, name)
             if value is not None:
                 setattr(params, name, value)
@@ -145,6 +196,8 @@ class RequestSpec:
 
     def to_proto(self, request_id: str) -> pb.GenerateRequest:
         """The GenerateRequest for this spec under ``request_id``."""
+        if self.raw_prompt or self.pretty:
+            raise ValueError("raw_prompt and pretty are GenerateJSON options (Generate sends prompts as they are)")
         msg = pb.GenerateRequest(
             request_id=request_id,
             prompt=self.prompt or "",
@@ -166,6 +219,8 @@ def json_request(schema: Mapping[str, Any] | str, spec: RequestSpec) -> pb.Gener
         json_schema=schema_text(schema),
         sampling=spec.sampling(),
         priority=priority_value(spec.priority),
+        raw_prompt=spec.raw_prompt,
+        pretty=spec.pretty,
     )
 
 

@@ -226,6 +226,7 @@ def test_duplicate_keys_are_never_generated(channel: grpc.Channel) -> None:
         resp = stub.GenerateJSON(
             pb.GenerateJSONRequest(
                 prompt="A user:",
+                raw_prompt=True,
                 json_schema=json.dumps(schema),
                 sampling=pb.SamplingParams(seed=seed, max_tokens=400, temperature=0.8),
             ),

@@ -90,7 +90,7 @@ def test_many_small_items_complete_with_one_result_each_in_both_orders(srv: Runn
     schema = json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
     sp = pb.SamplingParams(max_tokens=24, temperature=0.0)
     items.append(bpb.BatchItem(custom_id="json", generate_json=pb.GenerateJSONRequest(
-        prompt="Answer in JSON:", json_schema=schema, sampling=sp)))
+        prompt="Answer in JSON:", json_schema=schema, sampling=sp, raw_prompt=True)))
     chat = [pb.ChatMessage(role="user", content="Say hi")]
     items.append(bpb.BatchItem(custom_id="chat", generate=pb.GenerateRequest(messages=chat, sampling=sp)))
     created = create(stub, items, display_name="small", metadata={"team": "a"})

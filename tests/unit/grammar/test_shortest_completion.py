@@ -1,0 +1,194 @@
+"""The shortest valid completion of a JSON document (service/grammar/completion.py), without model weights.
+
+Needs only the default model's vocabulary (a vocab-only load).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from service import json_grammar as jg
+from service.grammar.examples import pattern_example, schema_hints
+
+pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
+ROOT = Path(__file__).resolve().parents[3]
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+OBJ = {"type": "object", "additionalProperties": False}
+# (name, schema, the completion forced from the start)
+HAND_MADE: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "nested required objects",
+        {**OBJ, "properties": {"a": {**OBJ, "properties": {"b": {"type": "integer"}}, "required": ["b"]}}, "required": ["a"]},
+        '{"a":{"b":0}}',
+    ),
+    (
+        "array with minItems",
+        {**OBJ, "properties": {"xs": {"type": "array", "items": {"type": "string"}, "minItems": 3}}, "required": ["xs"]},
+        '{"xs":["","",""]}',
+    ),
+    (
+        "optional properties left out",
+        {**OBJ, "properties": {"x": {"type": "string"}, "y": {"type": "integer"}, "z": {"type": "boolean"}}, "required": ["y"]},
+        '{"y":0}',
+    ),
+    (
+        "enum",
+        {**OBJ, "properties": {"e": {"enum": ["apple", "banana", "kiwi"]}}, "required": ["e"]},
+        '{"e":"apple"}',
+    ),
+    (
+        "pattern",
+        {**OBJ, "properties": {"p": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.com$"}}, "required": ["p"]},
+        '{"p":"a@a.com"}',
+    ),
+    (
+        "unanchored word pattern",
+        {**OBJ, "properties": {"t": {"type": "string", "pattern": "rocket_document"}}, "required": ["t"]},
+        '{"t":"rocket_document"}',
+    ),
+    (
+        "minLength and bounds",
+        {**OBJ, "properties": {"n": {"type": "string", "minLength": 5}, "k": {"type": "integer", "minimum": 18}}, "required": ["n", "k"]},
+        '{"n":"aaaaa","k":100}',
+    ),
+    (
+        "formats",
+        {**OBJ, "properties": {"d": {"type": "string", "format": "date"}, "u": {"type": "string", "format": "uuid"}}, "required": ["d", "u"]},
+        '{"d":"1111-11-11","u":"aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa"}',
+    ),
+    ("top-level number", {"type": "number"}, "0"),
+    ("any JSON value", {}, "0"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_vocab() -> Any:
+    if not MODEL.is_file():
+        pytest.fail(f"{MODEL} missing: run `make model`")
+    from service.model.runner import Vocab
+
+    return Vocab.load(MODEL)
+
+
+@pytest.fixture(scope="module")
+def compiler(model_vocab: Any) -> Any:
+    comp = jg.GrammarCompiler(model_vocab.ll_tokenizer())
+    yield comp
+    comp.close()
+
+
+def text_of(model_vocab: Any, tokens: list[int]) -> str:
+    return b"".join(model_vocab.token_bytes[t] for t in tokens).decode("utf-8")
+
+
+def force(matcher: jg.GrammarMatcher, tokens: list[int]) -> None:
+    for t in tokens:
+        matcher.consume(t)
+
+
+@pytest.mark.parametrize(("name", "schema", "expected"), HAND_MADE, ids=[h[0] for h in HAND_MADE])
+def test_min_tokens_is_the_length_of_the_completion_forced_from_the_start(
+    compiler: Any, model_vocab: Any, name: str, schema: dict[str, Any], expected: str
+) -> None:
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
+    m = compiler.matcher(compiled)
+    completion = m.completion(10_000)
+    assert completion is not None
+    assert compiled.min_tokens == len(completion)
+    force(m, completion)
+    assert m.is_accepting()
+    assert text_of(model_vocab, completion) == expected
+    jg.validate_document(compiled, expected)
+
+
+@pytest.mark.parametrize(("name", "schema", "expected"), HAND_MADE[:7], ids=[h[0] for h in HAND_MADE[:7]])
+def test_completion_from_every_cut_of_a_valid_document_validates(
+    compiler: Any, model_vocab: Any, name: str, schema: dict[str, Any], expected: str
+) -> None:
+    document = {
+        "nested required objects": '{"a":{"b":12345}}',
+        "array with minItems": '{"xs":["one","two","three","four"]}',
+        "optional properties left out": '{"x":"some text here","y":42,"z":true}',
+        "enum": '{"e":"banana"}',
+        "pattern": '{"p":"someone@example.com"}',
+        "unanchored word pattern": '{"t":"my rocket_document here"}',
+        "minLength and bounds": '{"n":"abcdefgh","k":42}',
+    }[name]
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
+    tokens = model_vocab.tokenize(document, add_special=False, parse_special=False)
+    for cut in range(len(tokens) + 1):
+        m = compiler.matcher(compiled)
+        force(m, tokens[:cut])
+        completion = m.completion(10_000)
+        assert completion is not None, f"no completion after {text_of(model_vocab, tokens[:cut])!r}"
+        force(m, completion)
+        assert m.is_accepting()
+        jg.validate_document(compiled, text_of(model_vocab, tokens[:cut] + completion))
+
+
+def test_completion_longer_than_the_limit_is_none(compiler: Any) -> None:
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(HAND_MADE[0][1]))
+    m = compiler.matcher(compiled)
+    assert compiled.min_tokens is not None and compiled.min_tokens > 2
+    assert m.completion(compiled.min_tokens - 1) is None
+    assert m.completion(compiled.min_tokens) is not None
+
+
+def test_fork_is_independent_and_nothing_is_consumed(compiler: Any, model_vocab: Any) -> None:
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(HAND_MADE[0][1]))
+    m = compiler.matcher(compiled)
+    first = m.completion(100)
+    assert first is not None
+    ahead = m.fork()
+    force(ahead, first)
+    assert ahead.is_accepting() and not m.is_accepting()
+    assert m.completion(100) == first
+
+
+def test_non_json_grammars_have_no_completion(compiler: Any) -> None:
+    compiled, _, _ = compiler.compile("regex", "[a-z]{3}")
+    assert compiled.min_tokens is None
+    assert compiler.matcher(compiled).completion(100) is None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "example"),
+    [
+        ("^[a-z]+@[a-z]+\\.com$", "a@a.com"),
+        ("\\d{4}-\\d{2}-\\d{2}", "1111-11-11"),
+        ("^(foo|ba)[^x]$", "baa"),
+        ("rocket_document", "rocket_document"),
+        ("(?<=a)b", "b"),  # look-behind: Python can still check the example; None if it does not match
+    ],
+)
+def test_pattern_examples_match_their_pattern(pattern: str, example: str) -> None:
+    found = pattern_example(pattern)
+    if found is not None:
+        import re
+
+        assert re.search(pattern, found)
+    assert found == example or (pattern.startswith("(?<=") and found is None)
+
+
+def test_schema_hints_are_json_escaped_and_distinct() -> None:
+    assert schema_hints(['^"x"$', '^"x"$', "(unclosed"]) == (b'\\"x\\"',)
+
+
+def test_forced_completion_is_valid_json_for_a_draft_07_schema(compiler: Any, model_vocab: Any) -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/definitions/item"}, "minItems": 1}},
+        "required": ["items"],
+        "definitions": {"item": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+    }
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
+    completion = compiler.matcher(compiled).completion(100)
+    assert completion is not None
+    jsonschema.validate(json.loads(text_of(model_vocab, completion)), schema)
