@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .events import Delta, Done, ErrorEvent, Event, Result
+from .events import Delta, Done, ErrorEvent, Event, Result, StreamEvent
 
-if TYPE_CHECKING:
-    from .aio_stream import AsyncGenerateStream
+
+class AsyncGenerateStream(Protocol):
+    """What a generation needs of its stream (``aio_stream.AsyncGenerateStream``)."""
+
+    def __aiter__(self) -> AsyncGenerator[tuple[str, StreamEvent], None]: ...
+
+    async def cancel(self, request_id: str) -> bool: ...
+
+    async def abort(self) -> None: ...
 
 
 class _Finish:
