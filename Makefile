@@ -10,7 +10,7 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs model bench-model bench bench-env soak polyglot semantic clean help
+.PHONY: setup serve test unit lint docs stubs model bench-model bench bench-env soak polyglot semantic postgres clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -103,6 +103,11 @@ semantic: setup
 
 polyglot: setup
 	bash clients/polyglot.sh
+
+# PostgreSQL 15 for the shared batch store's tests (tests/pg.py starts a throwaway cluster; installs
+# Debian's postgresql-15 when missing, as root).
+postgres:
+	bash scripts/ensure_postgres.sh
 
 clean:
 	rm -rf $(VENV) clients/python/inference build *.egg-info

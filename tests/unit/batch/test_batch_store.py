@@ -1,6 +1,7 @@
 """JobStore contract tests (no model): every implementation must pass them.
 
-Implementations under test: ``SqliteJobStore`` on a file, plus any named by
+Implementations under test: ``SqliteJobStore`` on a file, ``PostgresJobStore`` on a
+throwaway PostgreSQL (tests/support/pg.py: one database per test), plus any named by
 ``BATCH_STORE_FACTORY=module:function`` (``function(tmp_path, clock, retention_s)``
 returning a JobStore; called twice with the same ``tmp_path`` it must open the
 same data, e.g. a PostgreSQL adapter on a per-test schema). Times come from a
@@ -37,8 +38,14 @@ def _sqlite(tmp_path: Path, clock: FakeClock, retention_s: float) -> JobStore:
     return SqliteJobStore(str(tmp_path / "batch.db"), retention_s=retention_s, clock=clock)
 
 
+def _postgres(tmp_path: Path, clock: FakeClock, retention_s: float) -> JobStore:
+    from tests.support.pg import make_store  # a throwaway PostgreSQL (skipped without one, failed in CI)
+
+    return make_store(tmp_path, clock, retention_s)
+
+
 def _factories() -> dict[str, Callable[..., JobStore]]:
-    out: dict[str, Callable[..., JobStore]] = {"sqlite": _sqlite}
+    out: dict[str, Callable[..., JobStore]] = {"sqlite": _sqlite, "postgres": _postgres}
     extra = os.environ.get("BATCH_STORE_FACTORY")
     if extra:
         module, _, name = extra.partition(":")
