@@ -104,7 +104,7 @@ semantic: setup
 polyglot: setup
 	bash clients/polyglot.sh
 
-# PostgreSQL 15 for the shared batch store's tests (tests/pg.py starts a throwaway cluster; installs
+# PostgreSQL 15 for the shared batch store's tests (tests/support/pg.py starts a throwaway cluster; installs
 # Debian's postgresql-15 when missing, as root).
 postgres:
 	bash scripts/ensure_postgres.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes PostgreSQL 15's server binaries (initdb, pg_ctl, postgres) available to the tests (tests/pg.py
+# Makes PostgreSQL 15's server binaries (initdb, pg_ctl, postgres) available to the tests (tests/support/pg.py
 # starts a throwaway cluster from them): installs Debian's postgresql-15 when they are missing.
 # Idempotent: does nothing when they are there. Needs root (apt-get) only when it installs.
 set -euo pipefail

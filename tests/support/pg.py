@@ -4,7 +4,7 @@
 from Debian's ``postgresql-15``, or ``PG_BIN``), as the ``postgres`` user when
 the tests run as root (PostgreSQL refuses to run as root). ``fresh_database``
 gives each test its own database; ``make_store`` is the ``JobStore`` factory
-the contract tests in tests/test_batch_store.py run on.
+the contract tests in tests/unit/batch/test_batch_store.py run on.
 
 Without PostgreSQL (no binaries, no psycopg) the tests that need it skip, except
 in CI (``CI=true``), where they fail: ``scripts/ensure_postgres.sh`` installs it.

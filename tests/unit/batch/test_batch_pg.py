@@ -1,6 +1,6 @@
 """PostgresJobStore beyond the JobStore contract: several replicas (store instances) on one database.
 
-Each test gets its own database on the throwaway cluster of tests/pg.py and a
+Each test gets its own database on the throwaway cluster of tests/support/pg.py and a
 fake clock shared by its replicas (leases expire when the test says so).
 Threads stand in for replicas racing each other; replicas as separate hosts are
 a later harness (issue 26).
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from service.batch.postgres_store import PostgresJobStore
-from service.batch.store import ItemResult, ItemState, JobSpec, JobState, JobStore, NewItem
-from tests.pg import fresh_database
+from service.batch.store import ItemResult, ItemState, JobSpec, JobState, JobStore, NewItem, StoredResult
+from tests.support.pg import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 LEASE_S = 30.0
@@ -71,6 +71,14 @@ def started(store: JobStore, *ids: str, tenant: str = "t1") -> str:
     return job.id
 
 
+def all_results(store: JobStore, tenant: str, job_id: str) -> list[StoredResult]:
+    """Every finished item of the job, by custom_id, fetched in pages."""
+    out: list[StoredResult] = []
+    while page := store.results(tenant, job_id, False, out[-1].cursor if out else "", 256):
+        out += page
+    return out
+
+
 def in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
     """``fn(0..n-1)`` on n threads started together; their results (a thread's exception is raised)."""
     barrier = threading.Barrier(n)
@@ -103,7 +111,7 @@ def test_two_replicas_claiming_from_threads_never_run_one_item_twice(replicas: R
 
     per_thread = in_threads(4, work)
     assert sum(per_thread) == 300 and set(claimed) == set(ids) and max(claimed.values()) == 1
-    results = list(b.iter_results("t1", job_id, False))
+    results = all_results(b, "t1", job_id)
     assert [r.custom_id for r in results] == ids  # exactly one result per custom_id
     job = b.get_job("t1", job_id)
     assert job is not None and job.state is JobState.COMPLETED and job.counts.completed == 300
