@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 from service.batch.store import JobStore
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_PASSWORD_PARAM = re.compile(r"((?:^|&)password=)[^&]*")
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,17 @@ def parse_batch_db(value: str) -> StoreTarget:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs and errors)."""
+    """``url`` with its password (in the user part or a ``password=`` parameter) replaced by ``***``."""
+    if _SCHEME.match(url) is None:
+        return url  # a path
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host  # an IPv6 address
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    query = _PASSWORD_PARAM.sub(r"\1***", parts.query)
+    if parts.password is not None:
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts._replace(query=query))
 
 
 def open_store(

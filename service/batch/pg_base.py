@@ -8,20 +8,28 @@ is what keeps concurrent replicas free of deadlocks; ``claim`` is the one
 writer that takes no job lock, and it never waits (``SKIP LOCKED``). Should a
 deadlock or serialization failure still happen, ``_tx`` runs the transaction
 again (it was rolled back entirely).
+
+A lost connection (database down or restarting, link cut, pool exhausted) is
+raised as ``StoreUnavailable``, never retried here: a commit whose answer was
+lost is ambiguous, so the caller retries with backoff under the store's
+contract (the worker's rounds, the client's retry with its idempotency key).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import psycopg
 from psycopg import Connection, errors
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from service.batch.store import TERMINAL, ItemResult, ItemState, JobState
+from service.batch.shared_store import WORK
+from service.batch.store import TERMINAL, ItemResult, ItemState, JobState, StoreUnavailable
 
 log = logging.getLogger("service.batch")
 T = TypeVar("T")
@@ -33,8 +41,30 @@ RESULT_FIELDS = (
 )  # ItemResult's fields, in order
 RESULT_COLUMNS = ", ".join(RESULT_FIELDS)
 OPEN = (ItemState.QUEUED.value, ItemState.RUNNING.value)
+# NOTE: libpq settings of every connection: a database that does not answer, or a cut link, must
+# surface as an error within seconds (keepalives on idle connections, tcp_user_timeout on unacknowledged
+# writes), not after the kernel's minutes of retransmissions.
+CONNECT_KWARGS: dict[str, Any] = {
+    "connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+    "keepalives_count": 3, "tcp_user_timeout": 10_000,
+}
 # (custom_id, state, attempts, result, replica that ran it or None)
 ResultRow = tuple[str, ItemState, int, ItemResult, str | None]
+
+
+@contextlib.contextmanager
+def unavailable_on_connection_loss() -> Iterator[None]:
+    """Connection-class errors (server gone, link cut, pool timeout) -> ``StoreUnavailable``.
+
+    NOTE: a deadlock or serialization failure is an OperationalError too, but it is the
+    transaction's fault, not the connection's: it passes through for ``_tx`` to retry.
+    """
+    try:
+        yield
+    except errors.TransactionRollback:
+        raise
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise StoreUnavailable(f"PostgreSQL: {str(exc).strip() or type(exc).__name__}") from exc
 
 
 def one(db: Conn, query: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -59,7 +89,7 @@ class PgBase:
         """Run ``body(conn)`` in one transaction, committed on return; retried after a deadlock."""
         for attempt in range(RETRIES):
             try:
-                with self.pool.connection() as conn, conn.transaction():
+                with unavailable_on_connection_loss(), self.pool.connection() as conn, conn.transaction():
                     return body(conn)
             except (errors.DeadlockDetected, errors.SerializationFailure):
                 if attempt == RETRIES - 1:
@@ -68,9 +98,17 @@ class PgBase:
                 time.sleep(0.005 * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _notify(self, db: Conn, job_id: str) -> None:
-        """Wake other replicas' waiters for ``job_id`` (delivered when the transaction commits)."""
+    def _read(self, body: Callable[[Conn], T]) -> T:
+        """Run ``body(conn)`` on a pooled connection in one read transaction (a consistent snapshot)."""
+        with unavailable_on_connection_loss(), self.pool.connection() as conn, conn.transaction():
+            return body(conn)
+
+    def _notify(self, db: Conn, job_id: str, work: bool = False) -> None:
+        """Wake every replica's waiters for ``job_id`` (delivered when the transaction commits);
+        ``work``: the change gives workers something to do (runnable items, items to abort)."""
         db.execute("SELECT pg_notify(%s, %s)", (self.channel, job_id))
+        if work:
+            db.execute("SELECT pg_notify(%s, %s)", (self.channel, WORK))
 
     @staticmethod
     def _lock_job(db: Conn, job_id: str) -> JobState | None:

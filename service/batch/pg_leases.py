@@ -110,17 +110,18 @@ class PgLeases(PgBase):
         ).fetchone()
         if row is not None:
             self._stop_if_cancelled(db, claim.job_id, job_state)
-            self._notify(db, claim.job_id)
+            self._notify(db, claim.job_id, work=True)
 
-    def renew(self, claims: list[Claim]) -> list[Claim]:
-        return self._tx(lambda db: self._renew(db, claims))
+    def renew(self, claims: list[Claim], uploads: list[str] | None = None) -> list[Claim]:
+        return self._tx(lambda db: self._renew(db, claims, uploads or []))
 
-    def _renew(self, db: Conn, claims: list[Claim]) -> list[Claim]:
+    def _renew(self, db: Conn, claims: list[Claim], uploads: list[str]) -> list[Claim]:
         until = self.clock() + self.lease_s
-        db.execute(
-            "UPDATE batch_jobs SET lease_until = %s WHERE state = %s AND owner = %s",
-            (until, JobState.VALIDATING.value, self.replica_id),
-        )
+        if uploads:
+            db.execute(
+                "UPDATE batch_jobs SET lease_until = %s WHERE id = ANY(%s) AND state = %s AND owner = %s",
+                (until, uploads, JobState.VALIDATING.value, self.replica_id),
+            )
         if not claims:
             return []
         kept = db.execute(
@@ -178,5 +179,5 @@ class PgLeases(PgBase):
             )
             n += cur.rowcount
             self._stop_if_cancelled(db, job_id, state)
-            self._notify(db, job_id)
+            self._notify(db, job_id, work=True)
         return n

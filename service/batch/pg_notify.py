@@ -19,9 +19,13 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
+
+from service.batch.pg_base import CONNECT_KWARGS
+from service.batch.shared_store import WORK
 
 log = logging.getLogger("service.batch")
 MAX_TRACKED_JOBS = 10_000
@@ -41,6 +45,7 @@ class ChangeListener:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        self._callbacks: list[Callable[[str], None]] = []
 
     def start(self, ready_timeout: float = 5.0) -> None:
         """Start listening (once); waits up to ``ready_timeout`` for LISTEN to be in place."""
@@ -49,6 +54,12 @@ class ChangeListener:
                 self._thread = threading.Thread(target=self._run, name="batch-listen", daemon=True)
                 self._thread.start()
         self._ready.wait(ready_timeout)
+
+    def subscribe(self, callback: Callable[[str], None]) -> None:
+        """``callback(payload)`` for every notification from now on (on the reader thread)."""
+        with self._cond:
+            self._callbacks.append(callback)
+        self.start()
 
     def mark(self) -> int:
         self.start()
@@ -86,20 +97,32 @@ class ChangeListener:
             while len(self._last) > MAX_TRACKED_JOBS:
                 self._last.popitem(last=False)
             self._cond.notify_all()
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            try:
+                callback(job_id)
+            except Exception:  # NOTE: a subscriber's bug must not stop the wake-ups of the others
+                log.exception("batch change callback failed")
 
     def _run(self) -> None:
-        backoff = RECONNECT_S[0]
+        backoff, outage = RECONNECT_S[0], False
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                with psycopg.connect(self.dsn, autocommit=True, **CONNECT_KWARGS) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.connected, backoff = True, RECONNECT_S[0]
                     self._ready.set()
+                    if outage:  # NOTE: changes sent meanwhile were lost: wake the workers to re-read
+                        self._seen(WORK)
+                        log.info("batch store notifications are back")
+                    outage = False
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=POLL_S):
                             self._seen(note.payload)
             except psycopg.Error as exc:
-                log.warning("batch store notifications down (%s); polling until they are back", exc)
+                if not outage:  # NOTE: once per outage, not per reconnect attempt
+                    log.warning("batch store notifications down (%s); polling until they are back", exc)
+                outage = True
             finally:
                 self.connected = False
             self._ready.set()  # waiters poll meanwhile

@@ -44,8 +44,7 @@ class PgReads(PgBase):
     """Queries over the schema of ``service.batch.pg_schema``."""
 
     def get_job(self, tenant: str, job_id: str) -> Job | None:
-        with self.pool.connection() as db, db.transaction():
-            return self._job(db, job_id, tenant, errors=True)
+        return self._read(lambda db: self._job(db, job_id, tenant, errors=True))
 
     def list_jobs(self, tenant: str, limit: int, page_token: str = "") -> tuple[list[Job], str]:
         query, args = JOB_SELECT + " WHERE j.tenant = %s", [tenant]
@@ -54,8 +53,7 @@ class PgReads(PgBase):
             query += " AND (j.created_at, j.id) < (%s, %s)"
             args += [float(created), last_id]  # type: ignore[list-item]
         query += " ORDER BY j.created_at DESC, j.id DESC LIMIT %s"
-        with self.pool.connection() as db:
-            rows = db.execute(query, (*args, limit + 1)).fetchall()
+        rows = self._read(lambda db: db.execute(query, (*args, limit + 1)).fetchall())
         jobs = [self._job_from_row(r) for r in rows[:limit]]
         token = f"{jobs[-1].times[JobState.VALIDATING.value]!r}|{jobs[-1].id}" if len(rows) > limit else ""
         return jobs, token
@@ -66,13 +64,12 @@ class PgReads(PgBase):
         # NOTE: custom_id is COLLATE "C" (the schema's), so its order and the cursor compare bytes, as SQLite does
         where, after = ("r.done_seq > %s", int(cursor or 0)) if by_completion else ("r.custom_id > %s", cursor)
         order = "r.done_seq" if by_completion else "r.custom_id"
-        with self.pool.connection() as db:
-            rows = db.execute(
-                f"SELECT r.custom_id, r.done_seq, r.state, r.attempts, {RESULT_SELECT} "
-                "FROM batch_results r JOIN batch_jobs j ON j.id = r.job_id "
-                f"WHERE j.id = %s AND j.tenant = %s AND {where} ORDER BY {order} LIMIT %s",
-                (job_id, tenant, after, limit),
-            ).fetchall()
+        rows = self._read(lambda db: db.execute(
+            f"SELECT r.custom_id, r.done_seq, r.state, r.attempts, {RESULT_SELECT} "
+            "FROM batch_results r JOIN batch_jobs j ON j.id = r.job_id "
+            f"WHERE j.id = %s AND j.tenant = %s AND {where} ORDER BY {order} LIMIT %s",
+            (job_id, tenant, after, limit),
+        ).fetchall())
         return [
             StoredResult(r[0], str(r[1]) if by_completion else r[0], ItemState(r[2]), r[3], ItemResult(*r[4:]))
             for r in rows
@@ -81,25 +78,27 @@ class PgReads(PgBase):
     def state_counts(self) -> dict[str, int]:
         """Store-wide gauges (every tenant, every replica): no tenant filter by design."""
         out = {s.value: 0 for s in JobState}
-        with self.pool.connection() as db, db.transaction():
+
+        def read(db: Conn) -> dict[str, int]:
             out.update({s: int(n) for s, n in db.execute("SELECT state, count(*) FROM batch_jobs GROUP BY state")})
-            counts = dict(db.execute(
+            return dict(db.execute(
                 "SELECT i.state, count(*) FROM batch_items i JOIN batch_jobs j ON j.id = i.job_id "
                 "WHERE i.state = ANY(%s) AND j.state = ANY(%s) GROUP BY i.state",
                 (list(OPEN), [JobState.IN_PROGRESS.value, JobState.CANCELLING.value]),
             ).fetchall())
+
+        counts = self._read(read)
         for state in OPEN:
             out[f"{state}_items"] = int(counts.get(state, 0))
         return out
 
     def stopping_jobs(self) -> dict[str, JobState]:
         """Jobs cancelling or expired in which *this replica* runs items (each replica aborts its own)."""
-        with self.pool.connection() as db:
-            rows = db.execute(
-                "SELECT DISTINCT j.id, j.state FROM batch_jobs j JOIN batch_items i ON i.job_id = j.id "
-                "WHERE j.state = ANY(%s) AND i.state = %s AND i.owner = %s",
-                ([JobState.CANCELLING.value, JobState.EXPIRED.value], ItemState.RUNNING.value, self.replica_id),
-            ).fetchall()
+        rows = self._read(lambda db: db.execute(
+            "SELECT DISTINCT j.id, j.state FROM batch_jobs j JOIN batch_items i ON i.job_id = j.id "
+            "WHERE j.state = ANY(%s) AND i.state = %s AND i.owner = %s",
+            ([JobState.CANCELLING.value, JobState.EXPIRED.value], ItemState.RUNNING.value, self.replica_id),
+        ).fetchall())
         return {r[0]: JobState(r[1]) for r in rows}
 
     def _job(self, db: Conn, job_id: str, tenant: str | None, errors: bool) -> Job | None:

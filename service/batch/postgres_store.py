@@ -28,7 +28,7 @@ from collections.abc import Callable
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from service.batch.pg_base import Conn, one
+from service.batch.pg_base import CONNECT_KWARGS, Conn, one, unavailable_on_connection_loss
 from service.batch.pg_leases import PgLeases
 from service.batch.pg_notify import ChangeListener
 from service.batch.pg_reads import PgReads
@@ -58,7 +58,10 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
         pool_size: int = 4,
         channel: str = "inference_batch",
         connect_timeout_s: float = 30.0,
+        wait_s: float = 5.0,
     ) -> None:
+        """Connect and migrate; ``StoreUnavailable`` when the database does not answer within
+        ``connect_timeout_s`` (the caller retries). A call waits at most ``wait_s`` for a pooled connection."""
         if not replica_id:
             raise ValueError("a shared batch store needs a replica id")
         self.replica_id, self.retention_s, self.clock, self.lease_s = replica_id, retention_s, clock, lease_s
@@ -66,13 +69,14 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
         # NOTE: check_connection on every checkout costs a round trip but hands out no connection
         # that died with a database restart; autocommit, because every write opens its own transaction.
         self.pool = ConnectionPool(
-            dsn, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True},
-            check=ConnectionPool.check_connection, name=f"batch-{replica_id}",
+            dsn, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **CONNECT_KWARGS},
+            check=ConnectionPool.check_connection, name=f"batch-{replica_id}", timeout=wait_s,
         )
-        self.pool.open(wait=True, timeout=connect_timeout_s)
         try:
-            with self.pool.connection() as conn:
-                self.schema_version = migrate(conn)
+            with unavailable_on_connection_loss():
+                self.pool.open(wait=True, timeout=connect_timeout_s)
+                with self.pool.connection() as conn:
+                    self.schema_version = migrate(conn)
         except BaseException:
             self.pool.close()
             raise
@@ -185,7 +189,7 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
                 why = "every item of the job is invalid (see errors)" if total else "the job has no items"
                 db.execute("UPDATE batch_jobs SET failure = %s WHERE id = %s", (why, job_id))
                 self._transition(db, job_id, JobState.FAILED)
-            self._notify(db, job_id)
+            self._notify(db, job_id, work=True)
         job = self._job(db, job_id, None, errors=True)
         assert job is not None
         return job
@@ -207,7 +211,7 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
             self._cancel_queued(db, job_id, "CANCELLED", "the batch was cancelled before this item ran")
             self._transition(db, job_id, JobState.CANCELLING)
             self._close_if_done(db, job_id, JobState.CANCELLING)
-            self._notify(db, job_id)  # NOTE: the owners of its running items abort them (stopping_jobs)
+            self._notify(db, job_id, work=True)  # NOTE: the owners of its running items abort them (stopping_jobs)
         return self._job(db, job_id, tenant, errors=True)
 
     def sweep(self) -> None:
@@ -223,7 +227,7 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
         for (job_id,) in expired:
             self._cancel_queued(db, job_id, "DEADLINE_EXCEEDED", "the batch expired before this item ran")
             self._transition(db, job_id, JobState.EXPIRED)
-            self._notify(db, job_id)
+            self._notify(db, job_id, work=True)
 
     def _delete_retained(self, db: Conn) -> None:
         """Final jobs past retention, with their items and results (not while an item still runs)."""
@@ -239,6 +243,12 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
 
     def wait_for_change(self, job_id: str | None, timeout: float, since: int | None = None) -> bool:
         return self._listener.wait(job_id, timeout, since)
+
+    def on_change(self, callback: Callable[[str], None]) -> None:
+        self._listener.subscribe(callback)
+
+    def notifications_live(self) -> bool:
+        return self._listener.connected
 
     def close(self) -> None:
         self._listener.stop()

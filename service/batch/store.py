@@ -32,6 +32,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+class StoreUnavailable(Exception):
+    """The store cannot be reached now (database down, link cut, no pooled connection in time).
+
+    A call that raises it may or may not have committed (a commit whose answer was
+    lost): callers retry later and rely on the contract (a stale claim records
+    nothing, an idempotency key makes one job), never on the call having failed.
+    """
+
+
 class JobState(StrEnum):
     VALIDATING = "validating"
     IN_PROGRESS = "in_progress"

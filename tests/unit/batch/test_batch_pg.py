@@ -186,7 +186,7 @@ def test_a_half_uploaded_job_never_runs_and_is_dropped_when_its_replica_dies(rep
     assert b.recover() == 0 and b.get_job("t1", job.id) is not None  # a is alive: its upload stays
     assert b.create_job(JobSpec("t1", idempotency_key="k")) == (b.get_job("t1", job.id), False)
     replicas.clock.advance(LEASE_S * 2 / 3)
-    a.renew([])  # a's heartbeat covers its uploads too
+    a.renew([], [job.id])  # a's heartbeat covers the uploads it still receives
     replicas.clock.advance(LEASE_S * 2 / 3)
     b.reclaim_expired()
     assert b.get_job("t1", job.id) is not None

@@ -314,7 +314,8 @@ def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> 
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from service.batch.service import observe_batches
+    from service.batch.metrics import observe_batches
+    from service.batch.store_thread import StoreThread
 
     class Worker:
         def rate(self) -> float:
@@ -323,7 +324,7 @@ def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> 
     started(store, "a", "b", "c")
     store.claim(1)
     reader = InMemoryMetricReader()
-    observe_batches(MeterProvider(metric_readers=[reader]).get_meter("t"), store, Worker())  # type: ignore[arg-type]
+    observe_batches(MeterProvider(metric_readers=[reader]).get_meter("t"), StoreThread(store), Worker())
     data = reader.get_metrics_data()
     assert data is not None
     points = {
@@ -334,3 +335,4 @@ def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> 
     assert points[("inference.batch.items", (("item_state", "queued"),))] == 2
     assert points[("inference.batch.items", (("item_state", "running"),))] == 1
     assert points[("inference.batch.items_per_second", ())] == 2.5
+    assert points[("inference.batch.store_up", ())] == 1
