@@ -55,10 +55,10 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
         retention_s: float = 7 * 24 * 3600,
         clock: Callable[[], float] = time.time,
         lease_s: float = DEFAULT_LEASE_S,
-        pool_size: int = 4,
+        pool_size: int = 6,
         channel: str = "inference_batch",
         connect_timeout_s: float = 30.0,
-        wait_s: float = 5.0,
+        wait_s: float = 2.0,
     ) -> None:
         """Connect and migrate; ``StoreUnavailable`` when the database does not answer within
         ``connect_timeout_s`` (the caller retries). A call waits at most ``wait_s`` for a pooled connection."""

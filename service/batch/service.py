@@ -65,7 +65,7 @@ class BatchService:
         self.config = config
         self.shared = parse_batch_db(config.db).kind == "postgres"
         self.on_health: Callable[[bool], None] | None = None  # the server's: BatchService health
-        self.db = StoreThread(None if self.shared else self._open_local(), self._health_changed)
+        self.db = StoreThread(None if self.shared else self._open_local(), self._health_changed, lanes=self.shared)
         self.feed = ChangeFeed()
         provider = getattr(telemetry, "tracer_provider", None)
         tracer = provider.get_tracer("service.batch") if provider is not None else None

@@ -48,7 +48,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
         self.feed = feed or ChangeFeed()
 
     async def _job(self, batch_id: str, context: grpc.aio.ServicerContext) -> Job:
-        job: Job | None = await self.db("get_job", current_tenant(), batch_id)
+        job: Job | None = await self.db.rpc("get_job", current_tenant(), batch_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {batch_id!r}")
         assert job is not None
@@ -93,14 +93,14 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     async def ListBatches(self, request: bpb.ListBatchesRequest, context: grpc.aio.ServicerContext) -> Any:
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         try:
-            jobs, token = await self.db("list_jobs", current_tenant(), size, request.page_token)
+            jobs, token = await self.db.rpc("list_jobs", current_tenant(), size, request.page_token)
         except ValueError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token is not one this server gave")
         return bpb.ListBatchesResponse(batches=[job_proto(j) for j in jobs], next_page_token=token)
 
     @store_errors
     async def CancelBatch(self, request: bpb.CancelBatchRequest, context: grpc.aio.ServicerContext) -> Any:
-        job = await self.db("cancel_job", current_tenant(), request.batch_id)
+        job = await self.db.rpc("cancel_job", current_tenant(), request.batch_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {request.batch_id!r}")
         self.worker.notify(stopping=True)
@@ -140,7 +140,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "cursor is not one of a completion-order stream")
         cursor, left = request.cursor, request.limit or None
         while True:
-            page = await self.db("results", current_tenant(), request.batch_id, by_completion, cursor, 256)
+            page = await self.db.rpc("results", current_tenant(), request.batch_id, by_completion, cursor, 256)
             for r in page[:left]:
                 yield result_proto(r)
             if left is not None:
@@ -165,7 +165,7 @@ class _Upload:
             spec = spec_of(msg.options, current_tenant())
             if ctx.is_valid:
                 spec = replace(spec, trace=f"{ctx.trace_id:032x}-{ctx.span_id:016x}")
-            job, created = await self.s.db("create_job", spec)
+            job, created = await self.s.db.rpc("create_job", spec)
             if not created:
                 return job
             self.job = job
@@ -180,10 +180,10 @@ class _Upload:
             else:
                 errors.append(checked)
         if items:
-            for dup in await self.s.db("add_items", self.job.id, items):
+            for dup in await self.s.db.rpc("add_items", self.job.id, items):
                 errors.append(ItemError(dup.line, dup.custom_id, "ALREADY_EXISTS", "duplicate custom_id in the job"))
         if errors:
-            await self.s.db("add_errors", self.job.id, errors)
+            await self.s.db.rpc("add_errors", self.job.id, errors)
         return None
 
     async def _check(self, item: Any) -> NewItem | ItemError:
@@ -204,7 +204,7 @@ class _Upload:
         if self.job is None:  # an upload without any message: an empty, failed job
             await self.add(bpb.CreateBatchRequest())
         assert self.job is not None
-        job: Job = await self.s.db("start_job", self.job.id)
+        job: Job = await self.s.db.rpc("start_job", self.job.id)
         self.s.worker.uploads.discard(job.id)
         self.job = None
         return job
@@ -215,6 +215,6 @@ class _Upload:
             job_id, self.job = self.job.id, None
             self.s.worker.uploads.discard(job_id)
             try:
-                await self.s.db("discard_job", job_id)
+                await self.s.db.rpc("discard_job", job_id)
             except StoreUnavailable:
                 log.info("batch %s: broken upload left to lapse (store unavailable)", job_id)

@@ -30,9 +30,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import pytest
+from tests.support.required import missing
 
 if TYPE_CHECKING:
     from service.batch.store import JobStore
@@ -77,11 +77,19 @@ def free_port() -> int:
 
 @dataclass
 class PgCluster:
-    """One running cluster; ``dsn(name)`` connects to database ``name`` as the superuser."""
+    """One running cluster; ``dsn(name)`` connects to database ``name`` as the superuser.
+
+    By default it listens on 127.0.0.1 of this process's network namespace. With ``netns`` it runs
+    inside that namespace (``ip netns exec``), listens on ``host`` and trusts ``trust`` (a CIDR: the
+    replicas' network; tests/support/netns.py); ``dsn`` then works from that network only.
+    """
 
     bindir: Path
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="inference-pg-")))
     port: int = 0
+    netns: str = ""
+    host: str = "127.0.0.1"
+    trust: str = ""
     _watchdog: subprocess.Popen[bytes] | None = None
     _made: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,11 +99,20 @@ class PgCluster:
         return self.root / "data"
 
     def dsn(self, dbname: str = "postgres") -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname} connect_timeout=10"
+        return f"host={self.host} port={self.port} user=postgres dbname={dbname} connect_timeout=10"
+
+    def admin_dsn(self, dbname: str = "postgres") -> str:
+        """Over the cluster's Unix socket: works from this process whatever network namespace it runs in."""
+        return f"host={self.root} port={self.port} user=postgres dbname={dbname} connect_timeout=10"
+
+    def url(self, dbname: str) -> str:
+        """The database as a ``--batch-db`` URL."""
+        return f"postgresql://postgres@{self.host}:{self.port}/{dbname}"
 
     def _as_owner(self, *cmd: str) -> list[str]:
-        """Run as ``postgres`` when we are root (PostgreSQL refuses root), else as ourselves."""
-        return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+        """Run as ``postgres`` when we are root (PostgreSQL refuses root), else as ourselves; in ``netns``."""
+        owned = ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
+        return ["ip", "netns", "exec", self.netns, *owned] if self.netns else owned
 
     def _pg_ctl(self, *args: str) -> list[str]:
         return self._as_owner(str(self.bindir / "pg_ctl"), "-D", str(self.datadir), *args)
@@ -107,6 +124,9 @@ class PgCluster:
         initdb = [str(self.bindir / "initdb"), "-D", str(self.datadir), "-U", "postgres", "--auth=trust",
                   "--no-sync", "-E", "UTF8", "--locale=C"]
         subprocess.run(self._as_owner(*initdb), check=True, capture_output=True)
+        if self.trust:
+            with (self.datadir / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.trust} trust\n")
         stop = self._pg_ctl("stop", "-m", "immediate", "-w")
         self._watchdog = subprocess.Popen(
             [sys.executable, "-c", WATCHDOG, str(self.root), *stop],
@@ -114,15 +134,29 @@ class PgCluster:
         )
         for _attempt in range(3):  # NOTE: a free port can be taken between the probe and the bind
             self.port = free_port()
-            opts = " ".join(f"-c {k}={v}" for k, v in {**SERVER_SETTINGS, "port": self.port,
-                                                      "unix_socket_directories": self.root}.items())
-            done = subprocess.run(self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.root / "log"),
-                                               "-o", opts), capture_output=True)
+            done = self._start()
             if done.returncode == 0:
                 return self
         log = (self.root / "log").read_text(errors="replace")[-2000:] if (self.root / "log").exists() else ""
         self.stop()
         raise RuntimeError(f"pg_ctl start failed: {done.stderr.decode(errors='replace')}\n{log}")
+
+    def _start(self) -> subprocess.CompletedProcess[bytes]:
+        settings = {**SERVER_SETTINGS, "listen_addresses": self.host, "port": self.port,
+                    "unix_socket_directories": self.root}
+        opts = " ".join(f"-c {k}={v}" for k, v in settings.items())
+        return subprocess.run(self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.root / "log"), "-o", opts),
+                              capture_output=True)
+
+    def restart(self, down: Callable[[], None] = lambda: None) -> None:
+        """Stop the server (``fast``: sessions are cut, as in a failover), run ``down()``, start it again."""
+        subprocess.run(self._pg_ctl("stop", "-m", "fast", "-w", "-t", "60"), check=True, capture_output=True)
+        try:
+            down()
+        finally:
+            done = self._start()
+            if done.returncode != 0:
+                raise RuntimeError(f"pg_ctl start failed: {done.stderr.decode(errors='replace')}")
 
     def stop(self) -> None:
         """Stop the server and remove its directory (idempotent)."""
@@ -140,7 +174,7 @@ class PgCluster:
 
         with self._lock:
             if name not in self._made:
-                with psycopg.connect(self.dsn(), autocommit=True) as conn:
+                with psycopg.connect(self.admin_dsn(), autocommit=True) as conn:
                     conn.execute(f'CREATE DATABASE "{name}"')
                 self._made.add(name)
         return self.dsn(name)
@@ -148,7 +182,7 @@ class PgCluster:
     def drop_database(self, name: str) -> None:
         import psycopg
 
-        with self._lock, psycopg.connect(self.dsn(), autocommit=True) as conn:
+        with self._lock, psycopg.connect(self.admin_dsn(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             self._made.discard(name)
 
@@ -158,11 +192,15 @@ _missing = ""  # why there is no cluster, once known (not probed again for every
 _cluster_lock = threading.Lock()
 
 
-def _unavailable(why: str) -> Any:
-    """Skip, or fail in CI (where PostgreSQL must be there: scripts/ensure_postgres.sh)."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"PostgreSQL is required in CI: {why}", pytrace=False)
-    pytest.skip(f"no PostgreSQL: {why}")
+def require() -> Path:
+    """The server binaries' directory; skips (fails in CI) without them or without psycopg."""
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+
+        return find_bindir()
+    except (ImportError, Unavailable) as exc:
+        missing("PostgreSQL", str(exc))
 
 
 def cluster() -> PgCluster:
@@ -181,7 +219,7 @@ def cluster() -> PgCluster:
                 _cluster = PgCluster(bindir).start()
                 atexit.register(_cluster.stop)
         if _cluster is None:
-            _unavailable(_missing)
+            missing("PostgreSQL", _missing)  # skipped, or failed in CI (scripts/ensure_postgres.sh)
         assert _cluster is not None
         return _cluster
 
