@@ -132,8 +132,9 @@ class PgCluster:
             [sys.executable, "-c", WATCHDOG, str(self.root), *stop],
             stdin=subprocess.PIPE, start_new_session=True,
         )
-        for _attempt in range(3):  # NOTE: a free port can be taken between the probe and the bind
-            self.port = free_port()
+        fixed = self.port != 0  # a port chosen by the caller (e.g. a server already pointed at it)
+        for _attempt in range(1 if fixed else 3):  # NOTE: a free port can be taken between probe and bind
+            self.port = self.port if fixed else free_port()
             done = self._start()
             if done.returncode == 0:
                 return self

@@ -55,3 +55,37 @@ def test_open_store_opens_sqlite_for_a_path() -> None:
         assert isinstance(store, SqliteJobStore) and store.retention_s == 60
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--batch-db", "mysql://u:secret@db/jobs"], "unknown scheme 'mysql'"),
+        (["--batch-db", ""], "--batch-db is empty"),
+        (["--batch-lease-s", "0"], "--batch-lease-s must be > 0"),
+    ],
+)
+def test_bad_batch_settings_fail_argument_parsing_with_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.config import load_config
+
+    with pytest.raises(SystemExit) as exit_:
+        load_config(argv, env={})
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "secret" not in err
+
+
+def test_the_logged_configuration_masks_the_database_password_and_the_replica_id_defaults_to_the_host() -> None:
+    import socket
+
+    from service.assembly import batch_config
+    from service.config import load_config
+
+    config = load_config(["--batch-db", "postgresql://u:secret@db:5432/jobs?password=again"], env={})
+    assert config.as_dict()["batch_db"] == "postgresql://u:***@db:5432/jobs?password=***"
+    assert batch_config(config).replica_id == socket.gethostname()
+    env = {"INFERENCE_REPLICA_ID": "inference-7d9f-abcde", "INFERENCE_BATCH_LEASE_S": "30"}
+    pinned = batch_config(load_config([], env=env))
+    assert (pinned.replica_id, pinned.lease_s) == ("inference-7d9f-abcde", 30.0)
