@@ -10,7 +10,7 @@ DEFAULT_MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs model bench-model bench bench-env soak polyglot semantic postgres clean help
+.PHONY: setup serve test unit lint docs stubs model bench-model bench bench-env soak polyglot semantic postgres netns clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -21,6 +21,8 @@ help:
 	@echo "make docs    - regenerate docs/configuration.md from service/config.py (a test fails when stale)"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"
 	@echo "make semantic - install the optional semantic response cache (requirements-semantic.txt)"
+	@echo "make postgres - install PostgreSQL 15 for the shared batch store's tests (as root, if missing)"
+	@echo "make netns   - install iproute2 for the replicas-as-hosts tests (as root, if missing)"
 
 setup: $(STAMP) stubs model
 
@@ -108,6 +110,10 @@ polyglot: setup
 # Debian's postgresql-15 when missing, as root).
 postgres:
 	bash scripts/ensure_postgres.sh
+
+# iproute2 for the replica tests (tests/support/netns.py: one network namespace per server; root).
+netns:
+	bash scripts/ensure_netns.sh
 
 clean:
 	rm -rf $(VENV) clients/python/inference build *.egg-info
