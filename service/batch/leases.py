@@ -44,15 +44,16 @@ class LeaseKeeper:
         """Seconds until the next round is due."""
         return max(0.0, self._last + self.period_s - time.monotonic())
 
-    async def round(self, claims: Iterable[Claim], give_up: Callable[[Claim], None]) -> None:
-        """Renew ``claims`` and this replica's uploads; ``give_up(claim)`` for each one lost; requeue
-        expired leases. Raises StoreUnavailable (the worker backs off) with the round still due."""
+    async def round(self, claims: Iterable[Claim], give_up: Callable[[Claim], bool]) -> None:
+        """Renew ``claims`` and this replica's uploads; ``give_up(claim)`` for each one the store no
+        longer has as ours (True: a run was aborted); requeue expired leases. Raises StoreUnavailable
+        (the worker backs off) with the round still due."""
         lost: list[Claim] = await self.db("renew", list(claims), sorted(self.uploads))
         for claim in lost:
-            log.warning("batch item %s/%s (attempt %d): lease lost to another replica; aborted here",
-                        claim.job_id, claim.custom_id, claim.attempt)
-            give_up(claim)
-        self.lost += len(lost)
+            if give_up(claim):
+                log.warning("batch item %s/%s (attempt %d): lease lost to another replica; aborted here",
+                            claim.job_id, claim.custom_id, claim.attempt)
+                self.lost += 1
         n: int = await self.db("reclaim_expired")
         if n:
             log.info("batch: %d items whose lease ran out (their replica is gone) are queued again", n)

@@ -8,7 +8,7 @@ the database is down or unreachable, BatchService answers UNAVAILABLE).
 
 Counters: ``inference.batch.store_errors`` (calls that found the store
 unavailable), ``inference.batch.store_calls{op}`` and
-``inference.batch.store_seconds{op}`` (time spent in the store per method, on
+``inference.batch.store_time{op}`` (seconds spent in the store per method, on
 its thread: the database's share of an item's time), and with a shared store
 ``inference.batch.leases_lost`` / ``inference.batch.leases_reclaimed``.
 
@@ -82,7 +82,7 @@ def _store_counters(meter: Any, db: StoreThread, observation: Any) -> None:
         description="batch store calls by method",
     )
     meter.create_observable_counter(
-        "inference.batch.store_seconds",
+        "inference.batch.store_time",
         [lambda _o: [observation(s, {"op": op}) for op, (_, s) in db.stats().items()]],
         unit="s", description="time spent in batch store calls by method (on the store thread)",
     )

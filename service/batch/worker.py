@@ -164,12 +164,19 @@ class BatchWorker:
         if self._accepting():
             await self._fill()
 
-    def _give_up(self, claim: Claim) -> None:
-        """Another replica took over ``claim``'s item (its lease ran out): abort our run, record nothing."""
+    def _give_up(self, claim: Claim) -> bool:
+        """Another replica took over ``claim``'s item (its lease ran out): abort our run, record nothing.
+
+        NOTE: False for a run that already ended: the store answered "lost" because our own result
+        write committed meanwhile (renew and finish run on different store threads), or that write
+        will be refused; either way there is nothing to abort.
+        """
         run = self.running.get((claim.job_id, claim.custom_id))
-        if run is not None and run.claim == claim and not run.lost:
-            run.lost = True
-            self.intake.abort(run.seq)
+        if run is None or run.claim != claim or run.lost or any(isinstance(e, Done | Error) for e in run.events):
+            return False
+        run.lost = True
+        self.intake.abort(run.seq)
+        return True
 
     def _accepting(self) -> bool:
         return self.intake.unavailable() is None and time.monotonic() >= self._backoff_until
