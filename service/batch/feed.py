@@ -43,7 +43,8 @@ class ChangeFeed:
         self.store = store
 
         def hand_over(job_id: str) -> None:  # the listener thread
-            loop.call_soon_threadsafe(self.changed, job_id)
+            with contextlib.suppress(RuntimeError):  # NOTE: the loop closed first (shutdown): nobody waits
+                loop.call_soon_threadsafe(self.changed, job_id)
 
         store.on_change(hand_over)
 

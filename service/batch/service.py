@@ -113,7 +113,8 @@ class BatchService:
             delay = min(delay * 2, OPEN_BACKOFF_S[1])
         log.info("batch store %s open (replica %s, lease %.0f s); %d of this replica's items queued again",
                  target, self.config.replica_id, self.config.lease_s, requeued)
-        self.feed.attach(store, asyncio.get_running_loop())
+        # NOTE: on the store thread: the first subscription waits (briefly) for LISTEN to be in place
+        await self.db.run(self.feed.attach, store, asyncio.get_running_loop())
         self.db.attach(store)
         self.worker.notify(stopping=True)
 
