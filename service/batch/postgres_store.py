@@ -21,6 +21,7 @@ lock, so replicas may start at once). Compared with ``SqliteJobStore``
 from __future__ import annotations
 
 import collections
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +38,12 @@ from service.batch.shared_store import SharedJobStore
 from service.batch.store import ItemError, ItemResult, ItemState, Job, JobSpec, JobState, NewItem
 
 DEFAULT_LEASE_S = 60.0
+# NOTE: psycopg_pool retries a failed connection with doubling waits (1, 2, 4, ... s) for up to
+# reconnect_timeout; after a long outage the next try could come many seconds after the database is
+# back. Giving up after 5 s lets the next call start a fresh attempt at once (waits of 1 and 2 s).
+RECONNECT_TIMEOUT_S = 5.0
+# psycopg_pool logs every failed attempt as a warning; StoreThread reports an outage once, at its start
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 INSERT_ITEMS = """
 INSERT INTO batch_items (job_id, custom_id, line, request, sort_key, state)
 SELECT %s, u.custom_id, u.line, u.request, u.sort_key, u.state
@@ -71,6 +78,7 @@ class PostgresJobStore(PgReads, PgLeases, SharedJobStore):
         self.pool = ConnectionPool(
             dsn, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, **CONNECT_KWARGS},
             check=ConnectionPool.check_connection, name=f"batch-{replica_id}", timeout=wait_s,
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
         )
         try:
             with unavailable_on_connection_loss():

@@ -92,8 +92,14 @@ def results_by_id(hosts: ReplicaHosts, job_id: str) -> dict[str, tuple[str, int,
 
 
 def final_via(hosts: ReplicaHosts, via: int, job_id: str, timeout: float = 240, token: str = T1) -> bpb.Batch:
-    """Watch the job through replica ``via`` until it is final; the final job."""
-    code, events = hosts.cli.call(rc.watch, hosts.targets[via], token, job_id, "", timeout, timeout=timeout + 30)
+    """Watch the job through replica ``via`` until it is final; after UNAVAILABLE (its store reconnects)
+    wait for its BatchService to be SERVING and watch again, as a client would; the final job."""
+    deadline, target = time.monotonic() + timeout, hosts.targets[via]
+    while (left := deadline - time.monotonic()) > 0:
+        code, events = hosts.cli.call(rc.watch, target, token, job_id, "", left, timeout=left + 30)
+        if code != "UNAVAILABLE":
+            break
+        hosts.cli.call(rc.wait_serving, target, "inference.v1.BatchService", left, timeout=left + 30)
     assert code == "OK", (code, events[-3:])
     code, job = hosts.cli.call(rc.get, hosts.targets[via], token, job_id)
     assert code == "OK" and job is not None
