@@ -13,13 +13,16 @@ server replicas with 1 llama.cpp thread each (``--no-adaptive-threads``), on thi
 Items/s is the job's store-side span: items / (last ``completed_at`` - first ``in_progress_at``)
 (for ``sqlite_3`` over the three jobs), so the upload is not counted. The database's share: the
 seconds the replicas' store threads spent in store calls (``inference.batch.store_time{op}`` from each
-replica's /metrics), per item and as a share of the replicas' time (replicas x span). Fresh servers
+replica's /metrics; wall time, so it includes waits for the CPU and the GIL on a busy machine), per
+item and as a share of the replicas' time (replicas x span), and the CPU the PostgreSQL server
+(postmaster and backends) used per item. Fresh servers
 and a fresh database for every run; the arms alternate and repeat (``BENCH_REPLICAS_REPEATS``,
 default 2), ``uptime`` is recorded before each. Target: ``pg_3`` >= 0.9x ``sqlite_3`` items/s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -32,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inference.v1 import batch_pb2 as bpb
 
 from bench.harness.batch_jobs import get, item, submit, wait
 from bench.harness.config import BenchConfig, say
-from bench.harness.procs import GrpcServer, free_port
+from bench.harness.procs import GrpcServer, cpu_seconds, free_port
 from bench.harness.prompts import PromptMaker
 from bench.harness.stats import ratio
 from bench.harness.tables import fmt, table, verdict
@@ -44,6 +49,7 @@ from bench.harness.tables import fmt, table, verdict
 ARMS = ("pg_3", "sqlite_3", "pg_1", "pg_3_kill")
 REPEATS = int(os.environ.get("BENCH_REPLICAS_REPEATS", "2"))
 FLAGS = ("--no-adaptive-threads",)
+BATCH = "inference.v1.BatchService"
 STORE_TIME = re.compile(r'^inference_batch_store_time\w*\{([^}]*)\} (\S+)$', re.M)
 
 
@@ -71,6 +77,30 @@ class Replica(GrpcServer):
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """BatchService SERVING: a PostgreSQL store opens just after the server itself is SERVING."""
+        with grpc.insecure_channel(self.target) as ch:
+            try:
+                resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=BATCH), timeout=1.0)
+            except grpc.RpcError:
+                return False
+            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _pg_cpu_s(pg: Any) -> float:
+    """CPU seconds of the PostgreSQL server so far: the postmaster and its children (the backends)."""
+    postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
+    pids = [postmaster]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                pids.append(int(stat.parent.name))
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
+            total += cpu_seconds(pid)
+    return total
 
 
 def _store_seconds(servers: list[Replica]) -> dict[str, float]:
@@ -111,18 +141,20 @@ def _shared(cfg: BenchConfig, pg: Any, arm: str, run: int, items: list[bpb.Batch
     with ExitStack() as stack:
         servers = [stack.enter_context(Replica(cfg, f"O-{arm}-{run}-r{i}", pg.url(dbname), f"r{i}"))
                    for i in range(n)]
+        cpu0 = _pg_cpu_s(pg)
         job_id = submit(servers[0].target, items, f"{arm}-{run}")
         kill = _kill_after(servers[0].target, job_id, servers[-1], len(items) // 3) if arm == "pg_3_kill" else {}
         if kill:  # NOTE: after the kill: exactly the items the dead replica held (its leases)
             kill["leased"] = _sql(pg, dbname, f"SELECT count(*) FROM batch_items WHERE state = 'running' "
                                               f"AND owner = 'r{n - 1}'")[0][0]
         final = wait(servers[0].target, job_id)
+        pg_cpu = _pg_cpu_s(pg) - cpu0
         store = _store_seconds(servers)
         visible = [get(s.target, job_id).id == job_id for s in servers if s.alive()]
     rows = _sql(pg, dbname, "SELECT replica, count(*), sum(attempts) FROM batch_results GROUP BY replica")
     out = _summary([final], store, n, len(items))
     out |= {"split": {r: int(c) for r, c, _ in rows}, "attempts": int(sum(a for _, _, a in rows)),
-            "visible_on_all_live_replicas": all(visible)}
+            "visible_on_all_live_replicas": all(visible), "pg_cpu_ms_per_item": 1000 * pg_cpu / len(items)}
     if kill:
         out["kill"] = kill
     return out
@@ -193,7 +225,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                     r["uptime_before"] = load
                     runs[arm].append(r)
                     say(f"    {r['completed']} items in {r['span_s']:.1f} s = {r['items_per_s']:.2f} items/s; "
-                        f"split {r['split']}; store {r['db_ms_per_item']:.2f} ms/item ({100 * r['db_share']:.2f}%)")
+                        f"split {r['split']}; store {r['db_ms_per_item']:.2f} ms/item ({100 * r['db_share']:.2f}%), "
+                        f"PostgreSQL CPU {r.get('pg_cpu_ms_per_item', 0):.2f} ms/item")
     finally:
         pg.stop()
     return _conclude(plan, runs)
@@ -216,6 +249,7 @@ def _conclude(plan: Plan, runs: dict[str, list[dict[str, Any]]]) -> dict[str, An
         "plan": plan.__dict__, "runs": runs, "items_per_s": med,
         "db_ms_per_item": {arm: _median([r["db_ms_per_item"] for r in rs]) for arm, rs in runs.items()},
         "db_share": {arm: _median([r["db_share"] for r in rs]) for arm, rs in runs.items()},
+        "pg_cpu_ms_per_item": {arm: _median([r.get("pg_cpu_ms_per_item") for r in rs]) for arm, rs in runs.items()},
         "checks": {
             "pg_3_vs_sqlite_3": ratio(med["pg_3"], med["sqlite_3"]), "target_pg_3_vs_sqlite_3": 0.9,
             "pg_3_vs_pg_1": ratio(med["pg_3"], med["pg_1"]),
@@ -232,12 +266,13 @@ def render(r: dict[str, Any]) -> str:
     for arm, rs in r["runs"].items():
         rows.append([arm, " / ".join(fmt(x["items_per_s"], 2) for x in rs), fmt(r["items_per_s"][arm], 2),
                      fmt(r["db_ms_per_item"][arm], 2), fmt(100 * (r["db_share"][arm] or 0), 2),
-                     "; ".join(str(x["split"]) for x in rs)])
+                     fmt(r["pg_cpu_ms_per_item"][arm], 2), "; ".join(str(x["split"]) for x in rs)])
     return "\n".join([
         f"One job of {p['items']} items (8-24-token prompts, {p['out_tokens']} output tokens), replicas of 1 "
         f"thread each, {p['repeats']} alternating runs per arm; items/s over the job's store-side span.",
         "",
-        table(["arm", "items/s per run", "median", "store ms/item", "store share %", "split"], rows),
+        table(["arm", "items/s per run", "median", "store ms/item", "store share %", "PostgreSQL CPU ms/item",
+               "split"], rows),
         "",
         f"- 3 replicas on PostgreSQL vs 3 independent SQLite replicas: **{fmt(c['pg_3_vs_sqlite_3'], 3)}x** "
         f"(target >= 0.9: {verdict(c['pg_3_vs_sqlite_3'], 0.9)}); vs 1 replica alone: {fmt(c['pg_3_vs_pg_1'], 2)}x",
