@@ -92,7 +92,7 @@ SCENARIOS = [
         "replicas",
         "One batch job on 3 replicas sharing PostgreSQL vs 1 replica vs 3 SQLite replicas",
         o_replicas,
-        1200,
+        1500,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}
