@@ -53,7 +53,9 @@ class Replicas:
 
 
 @pytest.fixture()
-def replicas(tmp_path: Path) -> Iterator[Replicas]:
+def stores(tmp_path: Path) -> Iterator[Replicas]:
+    """The test's replicas as store instances. NOTE: not named ``replicas``: the suite's model guard
+    knows fixtures by name, and tests/model's ``replicas`` fixtures start servers with the model."""
     r = Replicas(fresh_database(str(tmp_path)))
     yield r
     for s in r.opened:
@@ -91,8 +93,8 @@ def in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
         return [f.result() for f in [pool.submit(run, i) for i in range(n)]]
 
 
-def test_two_replicas_claiming_from_threads_never_run_one_item_twice(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_two_replicas_claiming_from_threads_never_run_one_item_twice(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     ids = [f"i{n:03}" for n in range(300)]
     job_id = started(a, *ids)
     claimed: collections.Counter[str] = collections.Counter()
@@ -118,14 +120,14 @@ def test_two_replicas_claiming_from_threads_never_run_one_item_twice(replicas: R
 
 
 def test_an_expired_lease_is_requeued_by_another_replica_and_the_stale_owner_cannot_finish(
-    replicas: Replicas,
+    stores: Replicas,
 ) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+    a, b = stores.open("a"), stores.open("b")
     job_id = started(a, "x", "y")
     (stale,) = a.claim(1)
-    replicas.clock.advance(LEASE_S - 1)
+    stores.clock.advance(LEASE_S - 1)
     assert b.reclaim_expired() == 0  # a's lease still runs
-    replicas.clock.advance(1)
+    stores.clock.advance(1)
     assert b.reclaim_expired() == 1  # a "died": its lease ran out
     (fresh, other) = sorted(b.claim(10), key=lambda c: c.custom_id)
     assert (fresh.custom_id, fresh.attempt, other.attempt) == (stale.custom_id, 2, 1)
@@ -138,39 +140,39 @@ def test_an_expired_lease_is_requeued_by_another_replica_and_the_stale_owner_can
     assert a.get_job("t1", job_id).state is JobState.COMPLETED  # type: ignore[union-attr]
 
 
-def test_a_lapsed_lease_nobody_took_over_still_records(replicas: Replicas) -> None:
-    a = replicas.open("a")
+def test_a_lapsed_lease_nobody_took_over_still_records(stores: Replicas) -> None:
+    a = stores.open("a")
     started(a, "x")
     (c,) = a.claim(1)
-    replicas.clock.advance(10 * LEASE_S)  # e.g. a long pause; no replica reclaimed it meanwhile
+    stores.clock.advance(10 * LEASE_S)  # e.g. a long pause; no replica reclaimed it meanwhile
     assert a.finish(c, ItemState.COMPLETED, ok())  # NOTE: still the current claim: no second run exists
 
 
-def test_renew_keeps_leases_alive(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_renew_keeps_leases_alive(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     started(a, "x", "y")
     claims = a.claim(2)
     for _ in range(5):
-        replicas.clock.advance(LEASE_S * 2 / 3)
+        stores.clock.advance(LEASE_S * 2 / 3)
         assert a.renew(claims) == []
         assert b.reclaim_expired() == 0
-    replicas.clock.advance(LEASE_S)
+    stores.clock.advance(LEASE_S)
     assert b.reclaim_expired() == 2
 
 
-def test_recover_at_start_requeues_only_this_replicas_items(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_recover_at_start_requeues_only_this_replicas_items(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     job_id = started(a, "1", "2", "3", "4")
     a.claim(2)
     b.claim(1)
-    assert replicas.open("c").recover() == 0  # a new replica never takes live leases
-    assert replicas.open("a").recover() == 2  # a restarted: its own running items run again
+    assert stores.open("c").recover() == 0  # a new replica never takes live leases
+    assert stores.open("a").recover() == 2  # a restarted: its own running items run again
     job = b.get_job("t1", job_id)
     assert job is not None and (job.counts.running, job.counts.queued) == (1, 3)
 
 
-def test_idempotency_key_makes_one_job_across_replicas(replicas: Replicas) -> None:
-    stores = [replicas.open("a"), replicas.open("b")]
+def test_idempotency_key_makes_one_job_across_replicas(stores: Replicas) -> None:
+    stores = [stores.open("a"), stores.open("b")]
     made = in_threads(8, lambda i: stores[i % 2].create_job(JobSpec("t1", idempotency_key="k")))
     assert sum(created for _, created in made) == 1
     assert len({job.id for job, _ in made}) == 1
@@ -178,19 +180,19 @@ def test_idempotency_key_makes_one_job_across_replicas(replicas: Replicas) -> No
     assert created and other.id != made[0][0].id  # unique per tenant only
 
 
-def test_a_half_uploaded_job_never_runs_and_is_dropped_when_its_replica_dies(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_a_half_uploaded_job_never_runs_and_is_dropped_when_its_replica_dies(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     job, _ = a.create_job(JobSpec("t1", idempotency_key="k"))
     a.add_items(job.id, [NewItem("x", 1, b"x")])
     assert b.claim(10) == []
     assert b.recover() == 0 and b.get_job("t1", job.id) is not None  # a is alive: its upload stays
     assert b.create_job(JobSpec("t1", idempotency_key="k")) == (b.get_job("t1", job.id), False)
-    replicas.clock.advance(LEASE_S * 2 / 3)
+    stores.clock.advance(LEASE_S * 2 / 3)
     a.renew([], [job.id])  # a's heartbeat covers the uploads it still receives
-    replicas.clock.advance(LEASE_S * 2 / 3)
+    stores.clock.advance(LEASE_S * 2 / 3)
     b.reclaim_expired()
     assert b.get_job("t1", job.id) is not None
-    replicas.clock.advance(LEASE_S)  # a died mid-upload
+    stores.clock.advance(LEASE_S)  # a died mid-upload
     b.reclaim_expired()
     assert b.get_job("t1", job.id) is None
     with pytest.raises(LookupError):
@@ -201,8 +203,8 @@ def test_a_half_uploaded_job_never_runs_and_is_dropped_when_its_replica_dies(rep
     assert created and again.id != job.id  # the key is free again
 
 
-def test_a_cancel_on_one_replica_reaches_the_owner_of_the_running_items(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_a_cancel_on_one_replica_reaches_the_owner_of_the_running_items(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     job_id = started(a, "1", "2", "3", "4")
     running = a.claim(2)
     mark = a.changes()
@@ -216,8 +218,8 @@ def test_a_cancel_on_one_replica_reaches_the_owner_of_the_running_items(replicas
     assert b.get_job("t1", job_id).state is JobState.CANCELLED  # type: ignore[union-attr]
 
 
-def test_wait_for_change_wakes_on_another_replicas_progress_and_times_out_otherwise(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_wait_for_change_wakes_on_another_replicas_progress_and_times_out_otherwise(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     job_id = started(b, "1")
     assert not a.wait_for_change(job_id, timeout=0.2)
     mark = a.changes()
@@ -228,8 +230,8 @@ def test_wait_for_change_wakes_on_another_replicas_progress_and_times_out_otherw
     assert not a.wait_for_change("batch_other", timeout=0.2, since=a.changes())
 
 
-def test_one_result_per_custom_id_holds_when_one_claim_is_finished_twice_at_once(replicas: Replicas) -> None:
-    a = replicas.open("a")
+def test_one_result_per_custom_id_holds_when_one_claim_is_finished_twice_at_once(stores: Replicas) -> None:
+    a = stores.open("a")
     job_id = started(a, "x")
     (c,) = a.claim(1)
     recorded = in_threads(6, lambda i: a.finish(c, ItemState.COMPLETED, ok(str(i))))
@@ -237,14 +239,14 @@ def test_one_result_per_custom_id_holds_when_one_claim_is_finished_twice_at_once
     assert len(a.results("t1", job_id, True, "", 10)) == 1
 
 
-def test_the_database_refuses_a_second_result_row(replicas: Replicas) -> None:
+def test_the_database_refuses_a_second_result_row(stores: Replicas) -> None:
     import psycopg
 
-    a = replicas.open("a")
+    a = stores.open("a")
     job_id = started(a, "x")
     (c,) = a.claim(1)
     assert a.finish(c, ItemState.COMPLETED, ok())
-    with psycopg.connect(replicas.dsn) as conn, pytest.raises(psycopg.errors.UniqueViolation):
+    with psycopg.connect(stores.dsn) as conn, pytest.raises(psycopg.errors.UniqueViolation):
         conn.execute(
             "INSERT INTO batch_results (job_id, custom_id, done_seq, state, attempts) VALUES (%s, 'x', 99, 'completed', 1)",
             (job_id,),
@@ -285,8 +287,8 @@ def test_open_store_picks_postgres_by_the_url_scheme(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_stale_claim_with_the_same_attempt_number_from_another_replica_is_refused(replicas: Replicas) -> None:
-    a, b = replicas.open("a"), replicas.open("b")
+def test_a_stale_claim_with_the_same_attempt_number_from_another_replica_is_refused(stores: Replicas) -> None:
+    a, b = stores.open("a"), stores.open("b")
     job_id = started(a, "x")
     (old,) = a.claim(1)
     a.requeue(old)  # unstarted: the attempt is given back
