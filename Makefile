@@ -12,7 +12,7 @@ BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
 LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic clean help
+.PHONY: setup serve test unit lint docs stubs model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic postgres netns clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -25,6 +25,8 @@ help:
 	@echo "make docs    - regenerate docs/configuration.md from service/config.py (a test fails when stale)"
 	@echo "make polyglot - build and run the Go and Java example clients against a live server"
 	@echo "make semantic - install the optional semantic response cache (requirements-semantic.txt)"
+	@echo "make postgres - install PostgreSQL 15 for the shared batch store's tests (as root, if missing)"
+	@echo "make netns   - install iproute2 for the replicas-as-hosts tests (as root, if missing)"
 
 setup: $(STAMP) stubs model
 
@@ -119,6 +121,15 @@ semantic: setup
 
 polyglot: setup
 	bash clients/polyglot.sh
+
+# PostgreSQL 15 for the shared batch store's tests (tests/support/pg.py starts a throwaway cluster; installs
+# Debian's postgresql-15 when missing, as root).
+postgres:
+	bash scripts/ensure_postgres.sh
+
+# iproute2 for the replica tests (tests/support/netns.py: one network namespace per server; root).
+netns:
+	bash scripts/ensure_netns.sh
 
 clean:
 	rm -rf $(VENV) clients/python/inference build *.egg-info

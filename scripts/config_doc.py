@@ -48,7 +48,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ),
     ("Scheduling and queues", ["scheduling", "aging_s", "queue_limit_interactive", "queue_limit_batch"]),
     ("Speculative decoding", ["speculative", "spec_tokens", "spec_max_running"]),
-    ("Structured output", ["max_schema_bytes", "grammar_timeout_s"]),
+    ("Structured output", ["max_schema_bytes", "grammar_timeout_s", "json_finish", "json_repeat_penalty"]),
     (
         "Streams and connections",
         [
@@ -73,7 +73,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
             "semantic_cache_threshold",
         ],
     ),
-    ("Batch jobs", ["batch_db", "batch_retention_hours", "batch_max_running"]),
+    ("Batch jobs", ["batch_db", "batch_retention_hours", "batch_max_running", "batch_lease_s", "replica_id"]),
     ("Logs, metrics and traces", ["log_format", "log_level", "trace_console", "prometheus_port"]),
 ]
 

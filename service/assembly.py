@@ -7,6 +7,8 @@ Protocol that ``ServerConfig`` satisfies, or plain values) from here or from
 
 from __future__ import annotations
 
+import socket
+
 from service.api.generate_stream import StreamLimits
 from service.batch.service import BatchConfig
 from service.config import ServerConfig
@@ -59,9 +61,11 @@ def stream_limits(config: ServerConfig) -> StreamLimits:
 
 
 def batch_config(config: ServerConfig) -> BatchConfig:
-    """The batch service's store and cap (default cap: half of ``--max-running``)."""
+    """The batch service's store, cap (default: half of ``--max-running``), replica id (default: the host
+    name, i.e. the pod name in Kubernetes) and lease."""
     cap = config.batch_max_running or max(1, config.max_running // 2)
-    return BatchConfig(config.batch_db, config.batch_retention_hours * 3600, cap)
+    replica_id = config.replica_id or socket.gethostname()
+    return BatchConfig(config.batch_db, config.batch_retention_hours * 3600, cap, replica_id, config.batch_lease_s)
 
 
 def cache_config(config: ServerConfig) -> CacheConfig:

@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from service.batch.open_store import parse_batch_db, redact
 from service.threads.cpu_quota import default_threads
 
 DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -71,9 +72,14 @@ class ServerConfig:
     batch_db: str = "data/batch.db"
     batch_retention_hours: float = 168.0
     batch_max_running: int = 0
+    batch_lease_s: float = 60.0
+    replica_id: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every setting, for the start-up log: a password in ``--batch-db`` is masked."""
+        out = asdict(self)
+        out["batch_db"] = redact(self.batch_db)
+        return out
 
 
 HELP = {
@@ -146,11 +152,18 @@ HELP = {
     "(needs `make semantic`)",
     "semantic_cache_threshold": "cosine similarity a semantic hit needs (the fact guard must also pass: "
     "numbers, negations, units, names, word order and contrast words; see docs/response-cache.md)",
-    "batch_db": "SQLite file of the batch jobs (BatchService; created with its directory; :memory: = "
-    "not durable)",
+    "batch_db": "the batch job store (BatchService): a SQLite file for one server (created with its "
+    "directory; sqlite:///path also works; :memory: = not durable), or postgresql://user@host:port/db for a "
+    "store shared by every replica (docs/batch.md; a password is better given as PGPASSWORD); other schemes "
+    "are refused",
     "batch_retention_hours": "finished batch jobs and their results are deleted this long after they end",
     "batch_max_running": "most batch-job items in the engine at once (0 = half of --max-running), leaving "
     "batch-tier streams their share",
+    "batch_lease_s": "shared (PostgreSQL) batch store: a claimed item's lease, renewed every third of it; a "
+    "replica that dies or loses the database leaves its items to the others after this long",
+    "replica_id": "this replica's stable name in a shared batch store (owner of its leases; a restart "
+    "with the same name requeues its own running items at once; empty = the host name, which is the pod name "
+    "in Kubernetes)",
 }
 CHOICES = {
     "scheduling": ("priority", "fcfs"),
@@ -244,8 +257,12 @@ def validate(c: ServerConfig) -> str | None:
         return "--semantic-cache-threshold must be in (0, 1]"
     if not 0.0 <= c.json_repeat_penalty <= 5.0:
         return "--json-repeat-penalty must be in [0, 5]"
-    if c.batch_retention_hours <= 0 or c.batch_max_running < 0 or not c.batch_db:
-        return "--batch-retention-hours must be > 0, --batch-max-running >= 0 and --batch-db set"
+    if c.batch_retention_hours <= 0 or c.batch_max_running < 0 or c.batch_lease_s <= 0:
+        return "--batch-retention-hours and --batch-lease-s must be > 0, --batch-max-running >= 0"
+    try:
+        parse_batch_db(c.batch_db)
+    except ValueError as exc:
+        return str(exc)
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
         return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
     return None

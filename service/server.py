@@ -60,7 +60,9 @@ class InferenceServer:
         cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
         self.intake = Intake(self.telemetry, self.tenancy, cache)
         self.servicer = InferenceServicer(self.intake, stream_limits(config))
-        self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens --batch-db (fails early)
+        self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens a SQLite --batch-db
+        self.batch.on_health = self._on_batch_store
+        self.serving = False  # health as last set for the server as a whole
         self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
@@ -152,9 +154,16 @@ class InferenceServer:
         return self.server.add_secure_port(address, creds)
 
     async def _set_health(self, status: Any) -> None:
+        """The server's health; BatchService's is NOT_SERVING too while its store does not answer."""
+        self.serving = status == SERVING
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
-        await self.health.set(BATCH_SERVICE_NAME, status)
+        await self.health.set(BATCH_SERVICE_NAME, status if self.batch.available else NOT_SERVING)
+
+    def _on_batch_store(self, up: bool) -> None:
+        """The batch store became (un)reachable (event loop): BatchService health follows; Generate's not."""
+        status = SERVING if up and self.serving else NOT_SERVING
+        asyncio.get_running_loop().create_task(self.health.set(BATCH_SERVICE_NAME, status))
 
     async def drain(self, grace_s: float) -> None:
         """Graceful shutdown: stop accepting, give in-flight work ``grace_s``, cancel the rest."""

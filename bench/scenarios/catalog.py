@@ -23,6 +23,7 @@ from bench.scenarios import (
     l_contention,
     m_api,
     n_speculative,
+    o_replicas,
 )
 
 
@@ -88,6 +89,13 @@ SCENARIOS = [
         "One caller alone: prompt-lookup speculative decoding on vs off",
         n_speculative,
         420,
+    ),
+    Scenario(
+        "O",
+        "replicas",
+        "One batch job on 3 replicas sharing PostgreSQL vs 1 replica vs 3 SQLite replicas",
+        o_replicas,
+        1500,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

@@ -4,8 +4,12 @@
 a while: clients then reconnect, re-resolve DNS (a headless Service lists the
 pods) and new replicas receive traffic; calls open at that moment get
 ``max_connection_age_grace`` to finish. Keepalive pings detect dead peers on
-idle connections; ``min_recv_ping_interval`` is how often a client may ping
-before the server answers GOAWAY ``too_many_pings``.
+idle connections; ``min_ping_interval_without_data`` is how often a client may
+ping before the server answers GOAWAY ``too_many_pings``.
+
+NOTE: gRPC ignores channel arguments it does not know, silently: the names
+here are the ones gRPC core spells (``GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS``
+is ``grpc.http2.min_ping_interval_without_data_ms``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def server_options(config: ConnectionSettings) -> list[tuple[str, int]]:
         opts.append(("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_s)))
     opts.append(("grpc.keepalive_permit_without_calls", 1))
     opts.append(
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", _ms(config.keepalive_min_client_interval_s))
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(config.keepalive_min_client_interval_s))
     )
     opts.append(("grpc.http2.max_pings_without_data", 0))
     return opts

@@ -7,11 +7,9 @@ request (``InferenceServicer.prepare``), once at upload and again when it runs
 
 from __future__ import annotations
 
-import asyncio
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import inference_pb2 as pb
@@ -25,24 +23,6 @@ from service.request.sequence import FinishReason, Sequence
 
 MAX_CUSTOM_ID_BYTES = 256
 SORT_KEY_TOKENS = 64  # items are started in the order of their first 64 prompt tokens
-T = TypeVar("T")
-
-
-class StoreThread:
-    """Runs JobStore calls on one dedicated thread, so the event loop never waits on the disk."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
-
-    async def __call__(self, method: str, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, getattr(self.store, method), *args
-        )
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self.store.close()
 
 
 def check_custom_id(custom_id: str) -> str | None:

@@ -2,6 +2,12 @@
 
 Every job belongs to the tenant of the call that created it
 (``service.security.auth.current_tenant()``); another tenant's job is NOT_FOUND.
+With a store shared by replicas every call works on every replica: the store
+is the only state (``WatchBatch`` wakes on the store's change feed).
+
+A store that cannot be reached ends a call with UNAVAILABLE (``store_errors``);
+so does an upload whose lease lapsed and that another replica deleted as
+broken (the client's retry, with its idempotency key, makes the job anew).
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from opentelemetry import trace
 from service.api.intake import Intake, Need
 from service.api.tolerant_decoding import MALFORMED
 from service.batch.convert import job_proto, result_proto, spec_of
-from service.batch.items import StoreThread, check_custom_id, prepare, sort_key
-from service.batch.store import TERMINAL, ItemError, Job, NewItem
+from service.batch.feed import ChangeFeed
+from service.batch.items import check_custom_id, prepare, sort_key
+from service.batch.rpc_support import ProgressRate, abort_unavailable, store_errors
+from service.batch.store import TERMINAL, ItemError, Job, NewItem, StoreUnavailable
+from service.batch.store_thread import StoreThread
 from service.batch.worker import BatchWorker
 from service.request.errors import BadRequest
 from service.security.auth import current_tenant
@@ -34,18 +43,20 @@ DEFAULT_PAGE, MAX_PAGE = 20, 100
 class BatchServicer(bpb_grpc.BatchServiceServicer):
     """Implements inference.v1.BatchService; ``intake`` validates items and says whether work is taken."""
 
-    def __init__(self, db: StoreThread, worker: BatchWorker, intake: Intake) -> None:
+    def __init__(self, db: StoreThread, worker: BatchWorker, intake: Intake, feed: ChangeFeed | None = None) -> None:
         self.db, self.worker, self.intake = db, worker, intake
+        self.feed = feed or ChangeFeed()
 
     async def _job(self, batch_id: str, context: grpc.aio.ServicerContext) -> Job:
         await self.intake.require(context, Need.STORE)
-        job: Job | None = await self.db("get_job", current_tenant(), batch_id)
+        job: Job | None = await self.db.rpc("get_job", current_tenant(), batch_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {batch_id!r}")
         assert job is not None
         return job
 
     # -- CreateBatch --------------------------------------------------------------------------
+    @store_errors
     async def CreateBatch(
         self, request_iterator: AsyncIterator[bpb.CreateBatchRequest], context: grpc.aio.ServicerContext
     ) -> bpb.CreateBatchResponse:
@@ -63,7 +74,11 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             await upload.discard()
             await context.abort(grpc.StatusCode[exc.status], str(exc))
             raise AssertionError("unreachable") from None  # pragma: no cover - abort raises
-        except BaseException:  # the client went away or the server stopped: no job was promised
+        except LookupError as exc:  # NOTE: the upload's lease lapsed and a replica deleted it as broken
+            await upload.discard()
+            await abort_unavailable(context, exc, "the upload was interrupted; retry with the same idempotency_key")
+            raise AssertionError("unreachable") from None  # pragma: no cover - abort raises
+        except BaseException:  # the client went away, the server stopped or the store is down: no job
             await asyncio.shield(upload.discard())
             raise
         self.worker.notify()
@@ -71,41 +86,54 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
         return bpb.CreateBatchResponse(batch=job_proto(job))
 
     # -- reads and cancel ---------------------------------------------------------------------
+    @store_errors
     async def GetBatch(self, request: bpb.GetBatchRequest, context: grpc.aio.ServicerContext) -> Any:
         return bpb.GetBatchResponse(batch=job_proto(await self._job(request.batch_id, context)))
 
+    @store_errors
     async def ListBatches(self, request: bpb.ListBatchesRequest, context: grpc.aio.ServicerContext) -> Any:
         await self.intake.require(context, Need.STORE)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         try:
-            jobs, token = await self.db("list_jobs", current_tenant(), size, request.page_token)
+            jobs, token = await self.db.rpc("list_jobs", current_tenant(), size, request.page_token)
         except ValueError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token is not one this server gave")
         return bpb.ListBatchesResponse(batches=[job_proto(j) for j in jobs], next_page_token=token)
 
+    @store_errors
     async def CancelBatch(self, request: bpb.CancelBatchRequest, context: grpc.aio.ServicerContext) -> Any:
         await self.intake.require(context, Need.STORE)
-        job = await self.db("cancel_job", current_tenant(), request.batch_id)
+        job = await self.db.rpc("cancel_job", current_tenant(), request.batch_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no batch {request.batch_id!r}")
         self.worker.notify(stopping=True)
         return bpb.CancelBatchResponse(batch=job_proto(job))
 
+    @store_errors
     async def WatchBatch(
         self, request: bpb.WatchBatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bpb.WatchBatchResponse]:
+        """An event now, then on every change (at most every ``min_interval_ms``) until the job is final.
+
+        NOTE: with a shared store the stream waits for the job's change notifications (any replica's
+        progress) and re-reads at ``ChangeFeed.poll_s`` at the latest; without one it polls.
+        """
         interval = (request.min_interval_ms or 500) / 1000
-        last = None
+        last, progress = None, ProgressRate()
         while True:
+            mark = self.feed.mark()
             job = await self._job(request.batch_id, context)
             batch = job_proto(job)
+            rate = progress.add(job.counts) if self.feed.store is not None else self.worker.rate(job.id)
             if batch != last:
-                yield bpb.WatchBatchResponse(batch=batch, items_per_second=self.worker.rate(job.id))
+                yield bpb.WatchBatchResponse(batch=batch, items_per_second=rate)
                 last = batch
             if job.state in TERMINAL:
                 return
             await asyncio.sleep(interval)
+            await self.feed.wait(job.id, mark, self.feed.poll_s(interval) - interval)
 
+    @store_errors
     async def GetBatchResults(
         self, request: bpb.GetBatchResultsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bpb.GetBatchResultsResponse]:
@@ -115,7 +143,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "cursor is not one of a completion-order stream")
         cursor, left = request.cursor, request.limit or None
         while True:
-            page = await self.db("results", current_tenant(), request.batch_id, by_completion, cursor, 256)
+            page = await self.db.rpc("results", current_tenant(), request.batch_id, by_completion, cursor, 256)
             for r in page[:left]:
                 yield result_proto(r)
             if left is not None:
@@ -140,10 +168,11 @@ class _Upload:
             spec = spec_of(msg.options, current_tenant())
             if ctx.is_valid:
                 spec = replace(spec, trace=f"{ctx.trace_id:032x}-{ctx.span_id:016x}")
-            job, created = await self.s.db("create_job", spec)
+            job, created = await self.s.db.rpc("create_job", spec)
             if not created:
                 return job
             self.job = job
+            self.s.worker.uploads.add(job.id)  # NOTE: its lease is renewed while the upload goes on
         items: list[NewItem] = []
         errors: list[ItemError] = []
         for item in msg.items:
@@ -154,10 +183,10 @@ class _Upload:
             else:
                 errors.append(checked)
         if items:
-            for dup in await self.s.db("add_items", self.job.id, items):
+            for dup in await self.s.db.rpc("add_items", self.job.id, items):
                 errors.append(ItemError(dup.line, dup.custom_id, "ALREADY_EXISTS", "duplicate custom_id in the job"))
         if errors:
-            await self.s.db("add_errors", self.job.id, errors)
+            await self.s.db.rpc("add_errors", self.job.id, errors)
         return None
 
     async def _check(self, item: Any) -> NewItem | ItemError:
@@ -178,11 +207,17 @@ class _Upload:
         if self.job is None:  # an upload without any message: an empty, failed job
             await self.add(bpb.CreateBatchRequest())
         assert self.job is not None
-        job: Job = await self.s.db("start_job", self.job.id)
+        job: Job = await self.s.db.rpc("start_job", self.job.id)
+        self.s.worker.uploads.discard(job.id)
         self.job = None
         return job
 
     async def discard(self) -> None:
+        """Delete the job of a broken upload; if the store is down, its lease lapses instead."""
         if self.job is not None:
             job_id, self.job = self.job.id, None
-            await self.s.db("discard_job", job_id)
+            self.s.worker.uploads.discard(job_id)
+            try:
+                await self.s.db.rpc("discard_job", job_id)
+            except StoreUnavailable:
+                log.info("batch %s: broken upload left to lapse (store unavailable)", job_id)

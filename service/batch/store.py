@@ -2,8 +2,9 @@
 
 A job is a row of options and a state; its items are rows of (custom_id, the
 serialized request, a state, and once finished a result). Implementations:
-``service.batch.sqlite_store.SqliteJobStore`` (embedded, the default); the
-plan for a shared PostgreSQL one is in docs/batch.md. tests/unit/batch/test_batch_store.py
+``service.batch.sqlite_store.SqliteJobStore`` (embedded, the default) and
+``service.batch.postgres_store.PostgresJobStore`` (shared by replicas; its extra
+contract is ``service.batch.shared_store``). tests/unit/batch/test_batch_store.py
 holds the contract every implementation must pass.
 
 Contract (every implementation):
@@ -17,7 +18,8 @@ Contract (every implementation):
   attempt number matches), so a stale run can never overwrite or duplicate one;
 * ``claim`` moves items queued -> running (attempt + 1) before the caller
   starts them; ``recover`` (at start-up) moves every running item back to
-  queued: a crash re-runs an item from scratch, never loses it;
+  queued: a crash re-runs an item from scratch, never loses it (a shared store:
+  every item this replica ran, and those whose lease ran out);
 * times come from the store's ``clock`` (wall-clock seconds), so tests can
   drive expiry and retention with a fake clock.
 """
@@ -28,6 +30,15 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached now (database down, link cut, no pooled connection in time).
+
+    A call that raises it may or may not have committed (a commit whose answer was
+    lost): callers retry later and rely on the contract (a stale claim records
+    nothing, an idempotency key makes one job), never on the call having failed.
+    """
 
 
 class JobState(StrEnum):

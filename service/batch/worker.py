@@ -16,6 +16,18 @@ being cancelled or past its window are aborted (they end within one step).
 Crash safety comes from the store: a process killed with items RUNNING gets
 them back as queued at the next start (``recover``), and a result is only
 recorded for the current claim, so no item ends with two results.
+
+On a store shared by replicas (``SharedJobStore``) claims are leases: the
+worker's ``LeaseKeeper`` renews them every ``lease_s / 3``, aborts the runs
+whose lease another replica took over, and requeues every replica's expired
+leases. Wake-ups come from the store (``ChangeFeed``: another replica started a
+job, requeued items, cancelled one) besides local ``notify`` calls; the idle
+poll (``idle_s``) is the fallback.
+
+The store may become unreachable (database restart, link cut): a round that
+raises ``StoreUnavailable`` is retried with exponential backoff (never past a
+lease renewal period); a result write is retried while the item's run is still
+ours, so a short outage costs no rework. Nothing here ever ends the server.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,8 +45,10 @@ from inference.v1 import batch_pb2 as bpb
 from opentelemetry import trace
 
 from service.api.intake import Intake
-from service.batch.items import StoreThread, outcome, prepare
-from service.batch.store import Claim, ItemResult, ItemState, JobState
+from service.batch.items import outcome, prepare
+from service.batch.leases import LeaseKeeper
+from service.batch.store import Claim, ItemResult, ItemState, JobState, StoreUnavailable
+from service.batch.store_thread import StoreThread
 from service.continuous_batcher import Draining
 from service.priority import QueueFull
 from service.request.errors import BadRequest
@@ -45,6 +60,8 @@ ABORT_WHY = {
     JobState.CANCELLING: ("CANCELLED", "the batch was cancelled while this item ran"),
     JobState.EXPIRED: ("DEADLINE_EXCEEDED", "the batch expired while this item ran"),
 }
+BACKOFF_S = (0.5, 10.0)  # first and longest wait after the store was unavailable
+RECORD_RETRY_S = 30.0  # how long a result write is retried without leases (a store of one replica)
 
 
 @dataclass
@@ -57,14 +74,17 @@ class Running:
     span: Any
     events: list[Any] = field(default_factory=list)
     aborted: JobState | None = None  # why we aborted it (job cancelled or expired)
+    lost: bool = False  # its lease was taken over by another replica: nothing of it is recorded
 
 
 class BatchWorker:
     """Claims items from the store and runs them on the intake's engine; see the module docstring."""
 
     def __init__(
-        self, db: StoreThread, intake: Intake, max_running: int, sweep_s: float = 10.0, tracer: Any = None
+        self, db: StoreThread, intake: Intake, max_running: int, sweep_s: float = 10.0, tracer: Any = None,
+        lease_s: float | None = None,
     ) -> None:
+        """``lease_s``: the shared store's lease (None: a store of one replica, no leases)."""
         self.db = db
         self.tracer = tracer or trace.NoOpTracer()  # one span per item run, parent of its request span
         self.intake = intake
@@ -77,7 +97,14 @@ class BatchWorker:
         self._pending: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._stopped = asyncio.Event()
         self._backoff_until = 0.0
+        self._store_backoff = 0.0
+        self._last_sweep = 0.0
+        self.lease_s = lease_s
+        self.uploads: set[str] = set()  # job ids of uploads this replica is receiving (their leases)
+        self.leases = LeaseKeeper(db, lease_s, self.uploads) if lease_s else None
+        self.idle_s: Callable[[], float] = lambda: 1.0  # the poll between rounds without a wake-up
 
     async def start(self) -> None:
         """Start the scheduling task (the store was recovered before the server listened)."""
@@ -92,6 +119,7 @@ class BatchWorker:
         """Stop scheduling and wait for result writes in progress; items still in the engine stay
         RUNNING in the store (the next start requeues them)."""
         self._stopping = True
+        self._stopped.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -106,23 +134,49 @@ class BatchWorker:
 
     # -- the loop -----------------------------------------------------------------------------
     async def _loop(self) -> None:
-        last_sweep = 0.0
         while not self._stopping:
             self._wake.clear()
+            wait = self.idle_s()
             try:
-                if time.monotonic() - last_sweep >= self.sweep_s:
-                    await self.db("sweep")
-                    last_sweep, self._check_stopping = time.monotonic(), True
-                if self._check_stopping:
-                    self._check_stopping = False
-                    await self._abort_stopping()
-                if self._accepting():
-                    await self._fill()
-            except Exception:  # the store or a bug: log, wait a little, go on
+                await self._round()
+                self._store_backoff = 0.0
+            except StoreUnavailable:  # StoreThread logged it and reports it; back off, go on
+                longest = BACKOFF_S[1] if self.leases is None else min(BACKOFF_S[1], self.leases.period_s)
+                wait = self._store_backoff = min(max(self._store_backoff * 2, BACKOFF_S[0]), longest)
+            except Exception:  # a bug: log, wait a little, go on
                 log.exception("batch scheduling round failed")
-                await asyncio.sleep(1.0)
+                wait = 1.0
+            if self.leases is not None and not self._store_backoff:
+                wait = min(wait, self.leases.wait_s())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def _round(self) -> None:
+        """Leases (when due), sweep (every ``sweep_s``), aborts of stopping jobs, then new claims."""
+        if self.leases is not None and self.leases.due():
+            await self.leases.round([r.claim for r in self.running.values()], self._give_up)
+        if time.monotonic() - self._last_sweep >= self.sweep_s:
+            await self.db("sweep")
+            self._last_sweep, self._check_stopping = time.monotonic(), True
+        if self._check_stopping:
+            await self._abort_stopping()
+            self._check_stopping = False  # NOTE: only once done: a failed check is tried again
+        if self._accepting():
+            await self._fill()
+
+    def _give_up(self, claim: Claim) -> bool:
+        """Another replica took over ``claim``'s item (its lease ran out): abort our run, record nothing.
+
+        NOTE: False for a run that already ended: the store answered "lost" because our own result
+        write committed meanwhile (renew and finish run on different store threads), or that write
+        will be refused; either way there is nothing to abort.
+        """
+        run = self.running.get((claim.job_id, claim.custom_id))
+        if run is None or run.claim != claim or run.lost or any(isinstance(e, Done | Error) for e in run.events):
+            return False
+        run.lost = True
+        self.intake.abort(run.seq)
+        return True
 
     def _accepting(self) -> bool:
         return self.intake.unavailable() is None and time.monotonic() >= self._backoff_until
@@ -197,14 +251,20 @@ class BatchWorker:
         try:
             state, result = outcome(run.seq, run.events, run.json_item, self.intake.grammar)
             not_ours = state is ItemState.CANCELLED and run.aborted is None
-            if (isinstance(last, Error) and last.status == "UNAVAILABLE") or not_ours:
-                await self.db("requeue", claim, True)  # drained or the engine failed: run it again later
+            if run.lost:
+                pass  # NOTE: another replica runs the item now; the store would refuse this run's result
+            elif (isinstance(last, Error) and last.status == "UNAVAILABLE") or not_ours:
+                await self._retrying(run, "requeue", claim, True)  # drained or the engine failed: run it later
             else:
                 if state is ItemState.CANCELLED and run.aborted is not None:
                     # NOTE: only a run the abort actually cut; one that finished first keeps its result
                     status, message = ABORT_WHY[run.aborted]
                     result = replace(result, error_status=status, error_message=message)
-                await self._finish(claim, state, result)
+                if await self._retrying(run, "finish", claim, state, result):
+                    self.finished.append((time.monotonic(), claim.job_id))
+        except StoreUnavailable:
+            log.warning("batch item %s/%s: result not recorded (store unavailable); it runs again once its "
+                        "claim is given back (lease expiry or the next start)", claim.job_id, claim.custom_id)
         except Exception:
             log.exception("recording a batch item's result failed; it stays running until the next start")
         finally:
@@ -212,6 +272,23 @@ class BatchWorker:
             run.span.end()
             self.running.pop((claim.job_id, claim.custom_id), None)
             self.notify()
+
+    async def _retrying(self, run: Running, method: str, *args: Any) -> Any:
+        """``db(method, *args)``, retried with backoff while the store is unavailable and the run is ours.
+
+        NOTE: the run stays in ``running`` meanwhile, so its lease is renewed once the store answers;
+        gives up (raises) when stopping, when the lease was lost, or after a lease period.
+        """
+        delay, deadline = BACKOFF_S[0], time.monotonic() + (self.lease_s or RECORD_RETRY_S)
+        while True:
+            try:
+                return await self.db(method, *args)
+            except StoreUnavailable:
+                if self._stopping or run.lost or time.monotonic() + delay > deadline:
+                    raise
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), delay)
+            delay = min(delay * 2, BACKOFF_S[1])
 
     async def _finish(self, claim: Claim, state: ItemState, result: ItemResult) -> None:
         if await self.db("finish", claim, state, result):

@@ -106,6 +106,16 @@ def wait_idle(srv: RunningServer, timeout: float = 30.0) -> None:
     assert not srv.engine.scheduler.has_work(), "engine still busy"
 
 
+def wait_batch_store(srv: RunningServer, timeout: float = 30.0) -> None:
+    """Block until the BatchService's store answers (a PostgreSQL store opens after the server starts)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while not srv.server.batch.available and time.monotonic() < end:
+        time.sleep(0.01)
+    assert srv.server.batch.available, f"batch store not open: {srv.server.batch.db.last_error}"
+
+
 def assert_kv_clean(srv: RunningServer) -> None:
     """No integrity violation so far, nothing running, and no block referenced."""
     wait_idle(srv)

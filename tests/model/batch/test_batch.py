@@ -23,7 +23,7 @@ from inference.v1 import inference_pb2 as pb
 
 from tests.model.server.test_shutdown import ServerProcess
 from tests.support.helpers import wait_for
-from tests.support.server import RunningServer, assert_kv_clean, start_server
+from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_batch_store
 
 pytestmark = pytest.mark.model
 FINAL = {bpb.BATCH_STATE_COMPLETED, bpb.BATCH_STATE_FAILED, bpb.BATCH_STATE_CANCELLED, bpb.BATCH_STATE_EXPIRED}
@@ -72,9 +72,19 @@ def assert_one_completed_result_each(stub: Any, batch_id: str, ids: list[str], m
     return out
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    s = start_server(batch_db=str(tmp_path_factory.mktemp("batch") / "batch.db"), batch_max_running=6)
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def srv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The module's server, once on each store: a SQLite file, and PostgreSQL (tests/support/pg.py)."""
+    folder = tmp_path_factory.mktemp("batch")
+    if request.param == "sqlite":
+        db = str(folder / "batch.db")
+    else:
+        from tests.support.pg import cluster, database_name
+
+        db = cluster().url(database_name(str(folder)))
+        cluster().create_database(database_name(str(folder)))
+    s = start_server(batch_db=db, batch_max_running=6, replica_id="solo")
+    wait_batch_store(s)
     yield s
     s.close()
 

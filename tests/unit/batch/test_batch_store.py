@@ -1,6 +1,7 @@
 """JobStore contract tests (no model): every implementation must pass them.
 
-Implementations under test: ``SqliteJobStore`` on a file, plus any named by
+Implementations under test: ``SqliteJobStore`` on a file, ``PostgresJobStore`` on a
+throwaway PostgreSQL (tests/support/pg.py: one database per test), plus any named by
 ``BATCH_STORE_FACTORY=module:function`` (``function(tmp_path, clock, retention_s)``
 returning a JobStore; called twice with the same ``tmp_path`` it must open the
 same data, e.g. a PostgreSQL adapter on a per-test schema). Times come from a
@@ -37,8 +38,14 @@ def _sqlite(tmp_path: Path, clock: FakeClock, retention_s: float) -> JobStore:
     return SqliteJobStore(str(tmp_path / "batch.db"), retention_s=retention_s, clock=clock)
 
 
+def _postgres(tmp_path: Path, clock: FakeClock, retention_s: float) -> JobStore:
+    from tests.support.pg import make_store  # a throwaway PostgreSQL (skipped without one, failed in CI)
+
+    return make_store(tmp_path, clock, retention_s)
+
+
 def _factories() -> dict[str, Callable[..., JobStore]]:
-    out: dict[str, Callable[..., JobStore]] = {"sqlite": _sqlite}
+    out: dict[str, Callable[..., JobStore]] = {"sqlite": _sqlite, "postgres": _postgres}
     extra = os.environ.get("BATCH_STORE_FACTORY")
     if extra:
         module, _, name = extra.partition(":")
@@ -307,7 +314,8 @@ def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> 
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from service.batch.service import observe_batches
+    from service.batch.metrics import observe_batches
+    from service.batch.store_thread import StoreThread
 
     class Worker:
         def rate(self) -> float:
@@ -316,7 +324,7 @@ def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> 
     started(store, "a", "b", "c")
     store.claim(1)
     reader = InMemoryMetricReader()
-    observe_batches(MeterProvider(metric_readers=[reader]).get_meter("t"), store, Worker())  # type: ignore[arg-type]
+    observe_batches(MeterProvider(metric_readers=[reader]).get_meter("t"), StoreThread(store), Worker())
     data = reader.get_metrics_data()
     assert data is not None
     points = {
@@ -327,3 +335,4 @@ def test_batch_gauges_report_jobs_by_state_backlog_and_rate(store: JobStore) -> 
     assert points[("inference.batch.items", (("item_state", "queued"),))] == 2
     assert points[("inference.batch.items", (("item_state", "running"),))] == 1
     assert points[("inference.batch.items_per_second", ())] == 2.5
+    assert points[("inference.batch.store_up", ())] == 1

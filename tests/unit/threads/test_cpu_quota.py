@@ -84,6 +84,8 @@ def test_connection_flags_become_grpc_options() -> None:
     defaults = dict(server_options(ServerConfig()))
     assert "grpc.max_connection_age_ms" not in defaults  # off by default
     assert defaults["grpc.keepalive_time_ms"] == 60_000
+    # the name gRPC core reads (an unknown one is ignored: clients pinging every 10 s got too_many_pings)
+    assert defaults["grpc.http2.min_ping_interval_without_data_ms"] == 10_000
 
 
 def test_connection_flags_from_environment_and_validation(capsys: pytest.CaptureFixture[str]) -> None:
