@@ -76,6 +76,10 @@ class Replica(GrpcServer):
         super().__init__(label, cfg.model, "--batch-db", db, "--replica-id", replica_id, "--prometheus-port",
                          str(self.metrics_port), *FLAGS, threads=1)
 
+    def __enter__(self) -> Replica:
+        self.start()
+        return self
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
