@@ -84,6 +84,7 @@ def server_config(**overrides: Any) -> ServerConfig:
         threads=2,
         # batch jobs of one test server never outlive it (tests/model/batch/test_batch.py uses files)
         batch_db=":memory:",
+        http_port=0,  # no HTTP API (tests/model/http/ pass a free port)
         # NOTE: off for the engine tests (a repeated greedy request would be replayed, identical ones
         # coalesced); the response-cache tests turn it on
         # (tests/model/response_cache/test_response_cache.py).
