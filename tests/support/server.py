@@ -10,6 +10,7 @@ asserted empty by ``assert_kv_clean``. The fixtures over these (``server``,
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,3 +115,10 @@ def assert_kv_clean(srv: RunningServer) -> None:
     kv = srv.engine.kv
     assert kv.num_used == 0, f"{kv.num_used} blocks still referenced after all requests ended"
     kv.check_integrity([])
+
+
+def free_port() -> int:
+    """A port free on loopback now (for servers whose flag has no "pick one" value, e.g. --http-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
