@@ -37,7 +37,7 @@ class Run:
     """The events of one request; ``abort`` cancels it (idempotent) and ends ``events``."""
 
     def __init__(self, intake: Intake, limits: StreamLimits, request_id: str, request: pb.GenerateRequest) -> None:
-        request.request_id = request_id
+        request.request_id = self.request_id = request_id
         self.stream = GenerateStream(intake, _NoDeadline(), limits)
         self.stream.on_request(request)  # NOTE: schedules its preparation on this event loop
         self.stream.reading = False  # no second request: the stream closes after this one's end

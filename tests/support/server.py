@@ -30,6 +30,7 @@ class RunningServer:
     """A server on its own loop thread; ``call`` runs a coroutine there."""
 
     config: ServerConfig
+    telemetry: Any = None  # service.observability.setup.make_telemetry(config), or the no-op default
     server: InferenceServer = field(init=False)
     loop: asyncio.AbstractEventLoop = field(init=False)
     violations: list[str] = field(default_factory=list)
@@ -38,7 +39,7 @@ class RunningServer:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self._thread.start()
-        self.server = InferenceServer(self.config)
+        self.server = InferenceServer(self.config, self.telemetry)
         self.call(self.server.start())
         assert self.server.engine is not None
         self.server.engine.step_hook = self._check

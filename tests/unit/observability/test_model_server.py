@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.observability.engine_metrics import EngineMetrics
 from service.observability.model_server import ModelServerCollector
