@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import openai
 import pytest
@@ -30,5 +30,6 @@ def client(api_server: RunningServer) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture()
-def aclient(api_server: RunningServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base_url(api_server), api_key="unused", max_retries=0, timeout=120)
+async def aclient(api_server: RunningServer) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=base_url(api_server), api_key="unused", max_retries=0, timeout=120) as c:
+        yield c

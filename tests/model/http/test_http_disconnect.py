@@ -32,6 +32,12 @@ def open_stream(port: int, body: dict[str, Any]) -> tuple[socket.socket, str]:
             return sock, json.loads(buf[begin + 6 : end])["id"]
 
 
+def wait_for(condition: Any, deadline: float) -> None:
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.002)
+
+
 def test_disconnect_mid_stream_frees_the_sequence_within_one_step(api_server: RunningServer,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     engine, port = api_server.engine, api_server.server.http_port
@@ -57,15 +63,14 @@ def test_disconnect_mid_stream_frees_the_sequence_within_one_step(api_server: Ru
                                                          timeout=120), daemon=True)
     try:
         keeper.start()
-        sock, rid = open_stream(port, {**busy, "stream": True, "prompt": "Tell a long story:"})
-        assert any(rid in running for _, running in steps)
-        sock.close()
         deadline = time.monotonic() + 30
-        while rid not in aborted and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_for(lambda: bool(steps), deadline)  # the keeper's request keeps the engine stepping
+        sock, rid = open_stream(port, {**busy, "stream": True, "prompt": "Tell a long story:"})
+        wait_for(lambda: any(rid in running for _, running in steps), deadline)  # its step hook runs after emit
+        sock.close()
+        wait_for(lambda: rid in aborted, deadline)
         at = aborted[rid]
-        while not any(n >= at + 2 for n, _ in steps) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_for(lambda: any(n >= at + 2 for n, _ in steps), deadline)
         after = [running for n, running in steps if n >= at + 2]
         assert after and all(rid not in running for running in after), "still running two steps after the abort"
         keeper.join(120)
