@@ -40,7 +40,9 @@ def event_error(e: pb.Error) -> ApiError:
     return from_status(e.status, e.message, e.retry_after_ms, e.quota)
 
 
-CANCELLED = ApiError(503, "request cancelled", type="service_unavailable_error", retry_after_ms=1000)
+def cancelled() -> ApiError:
+    """A request the server cancelled (its client is usually gone; a stalled stream, a drain's end)."""
+    return ApiError(503, "request cancelled", type="service_unavailable_error", retry_after_ms=1000)
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Answer:
     async def finish(self, d: pb.Done) -> Choice:
         """Record a choice's Done and run its final checks; raises ApiError."""
         if d.finish_reason == pb.FINISH_REASON_CANCELLED:
-            raise CANCELLED
+            raise cancelled()
         c = self.choices.add_done(d)
         out = self.choices.output
         if c.finish != "stop":

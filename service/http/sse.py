@@ -38,9 +38,8 @@ class EventStream(Response):
     """An SSE response over ``chunks``; ``watcher`` is the request's disconnect watch (cancelled at the end)."""
 
     def __init__(self, chunks: AsyncIterator[Any], run: Run, watcher: asyncio.Task[None]) -> None:
+        super().__init__(status_code=200, media_type="text/event-stream")
         self.chunks, self.run, self.watcher = chunks, run, watcher
-        self.status_code = 200
-        self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
