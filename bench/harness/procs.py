@@ -180,6 +180,8 @@ class GrpcServer(_Process):
         argv = [PYTHON, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", "{port}"]
         if threads is not None:
             argv += ["--threads", str(threads)]
+        if "--http-port" not in flags:
+            argv += ["--http-port", "0"]  # NOTE: no HTTP API unless asked: several servers would all want :8000
         if not any(f.startswith("--response-cache") for f in flags):
             # NOTE: the scenarios measure the engine: repeated greedy prompts must not be replayed
             # from the response cache (scenario K measures the cache and sets its flags).
