@@ -41,10 +41,13 @@ class FileStore:
     """See the module docstring."""
 
     def __init__(self, path: str, retention_s: float) -> None:
-        if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute(SCHEMA)
+        try:
+            if path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute(SCHEMA)
+        except sqlite3.Error as exc:  # NOTE: an OSError, so the start-up reports it in one line
+            raise OSError(f"HTTP batch files store {path}: {exc}") from exc
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="http-files")
         self.retention_s = retention_s
