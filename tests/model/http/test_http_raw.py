@@ -83,3 +83,17 @@ def test_one_bad_request_does_not_disturb_a_streaming_one(http: httpx2.Client, a
     texts = [json.loads(x[6:])["choices"][0] for x in [first, *rest[:-1]]]
     assert rest[-1] == "data: [DONE]" and texts[-1]["finish_reason"] == "length"
     assert_kv_clean(api_server)
+
+
+def test_x_priority_header_runs_the_request_in_the_batch_tier(http: httpx2.Client, api_server: RunningServer) -> None:
+    from service.request.sequence import Priority
+
+    tiers = api_server.engine.metrics.tiers
+    before = (tiers[Priority.BATCH].requests, tiers[Priority.INTERACTIVE].requests)
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
+    assert http.post("/v1/completions", json=body, headers={"x-priority": "batch"}).status_code == 200
+    assert http.post("/v1/completions", json={**body, "service_tier": "flex"}).status_code == 200
+    assert http.post("/v1/completions", json=body).status_code == 200
+    assert (tiers[Priority.BATCH].requests, tiers[Priority.INTERACTIVE].requests) == (before[0] + 2, before[1] + 1)
+    r = http.post("/v1/completions", json=body, headers={"x-priority": "urgent"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
