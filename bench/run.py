@@ -17,6 +17,7 @@ Scenarios (each starts its own server subprocesses and stops them):
   J batch_jobs        BatchService: job vs batch streams throughput, interactive TTFT beside a job, kill -9 chaos
   M api               logprobs + top_logprobs 5 vs none at 16 streams; n=8 choices vs 8 requests
   N speculative       1 stream: extraction / edit / story with speculation on vs off; 16 streams
+  P http              OpenAI HTTP API vs gRPC vs llama.cpp's llama-server, 1-32 streams (make llama-tools)
 
 Each scenario is a module of ``bench/scenarios/`` (its ``run`` and its ``render``), listed in
 ``bench/scenarios/catalog.py``.

@@ -71,6 +71,8 @@ class ServerConfig:
     batch_db: str = "data/batch.db"
     batch_retention_hours: float = 168.0
     batch_max_running: int = 0
+    http_port: int = 8000
+    served_model_name: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +153,10 @@ HELP = {
     "batch_retention_hours": "finished batch jobs and their results are deleted this long after they end",
     "batch_max_running": "most batch-job items in the engine at once (0 = half of --max-running), leaving "
     "batch-tier streams their share",
+    "http_port": "OpenAI-compatible HTTP API, /metrics and /health on this port, in the same process and event "
+    "loop (same --host, TLS files and tenants as gRPC; 0 = off; docs/openai.md)",
+    "served_model_name": "model id of the HTTP API (/v1/models, the request's model field) and the model_name "
+    "label of the vllm:* metrics (default: the model file name without .gguf)",
 }
 CHOICES = {
     "scheduling": ("priority", "fcfs"),
@@ -246,6 +252,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--json-repeat-penalty must be in [0, 5]"
     if c.batch_retention_hours <= 0 or c.batch_max_running < 0 or not c.batch_db:
         return "--batch-retention-hours must be > 0, --batch-max-running >= 0 and --batch-db set"
+    if not 0 <= c.http_port <= 65535 or (c.http_port and c.http_port == c.port):
+        return "--http-port must be in 0..65535 (0 = off) and differ from --port"
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
         return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
     return None

@@ -23,6 +23,7 @@ from bench.scenarios import (
     l_contention,
     m_api,
     n_speculative,
+    p_http,
 )
 
 
@@ -88,6 +89,13 @@ SCENARIOS = [
         "One caller alone: prompt-lookup speculative decoding on vs off",
         n_speculative,
         420,
+    ),
+    Scenario(
+        "P",
+        "http",
+        "The OpenAI HTTP API: HTTP vs gRPC vs llama.cpp's llama-server, 1-32 streams",
+        p_http,
+        900,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

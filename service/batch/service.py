@@ -18,6 +18,7 @@ from inference.v1 import batch_pb2 as bpb
 from service.api.intake import Intake
 from service.api.tolerant_decoding import add_servicer
 from service.batch.items import StoreThread
+from service.batch.jobs import BatchJobs
 from service.batch.servicer import BatchServicer
 from service.batch.sqlite_store import SqliteJobStore
 from service.batch.worker import BatchWorker
@@ -53,6 +54,7 @@ class BatchService:
         tracer = provider.get_tracer("service.batch") if provider is not None else None
         self.worker = BatchWorker(self.db, intake, config.max_running, tracer=tracer)
         self.servicer = BatchServicer(self.db, self.worker, intake)
+        self.jobs = BatchJobs(self.db, self.worker, intake)  # the same operations for the HTTP API
         meters = getattr(telemetry, "meter_provider", None)
         if meters is not None:
             observe_batches(meters.get_meter("service.batch"), store, self.worker)

@@ -97,14 +97,35 @@ def peer_identities(context: Any) -> list[str]:
     return out
 
 
+def has_role(tenant: Tenant, role: str) -> bool:
+    """``admin`` includes ``user``."""
+    return role in tenant.roles or "admin" in tenant.roles
+
+
 def _role_check(tenant: Tenant, method: str) -> Denial | None:
     needed = "admin" if method in ADMIN_METHODS else "user"
-    if needed in tenant.roles or "admin" in tenant.roles:
+    if has_role(tenant, needed):
         return None
     return (
         grpc.StatusCode.PERMISSION_DENIED,
         f"tenant {tenant.name!r} may not call {method} (needs role {needed})",
     )
+
+
+def authenticate(table: TenantTable, token: str | None, role: str, what: str) -> Tenant | tuple[str, str]:
+    """The tenant owning ``token`` (constant-time lookup) if it has ``role``, else (gRPC status name, why).
+
+    For front ends without a gRPC context (the HTTP API): the same rules as the
+    interceptor, ``what`` names the call in the PERMISSION_DENIED message.
+    """
+    if token is None:
+        return "UNAUTHENTICATED", "missing 'Authorization: Bearer <token>' header"
+    tenant = table.by_token(token)
+    if tenant is None:
+        return "UNAUTHENTICATED", "invalid bearer token"
+    if not has_role(tenant, role):
+        return "PERMISSION_DENIED", f"tenant {tenant.name!r} may not call {what} (needs role {role})"
+    return tenant
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

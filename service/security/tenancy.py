@@ -16,7 +16,7 @@ from typing import Any
 
 from service.request.sequence import Sequence
 from service.scheduler.fair_share import FairShare
-from service.security.auth import AuthInterceptor, Credential, Denial
+from service.security.auth import AuthInterceptor, Credential, Denial, authenticate
 from service.security.quotas import TenantQuotas
 from service.security.tenants import ANONYMOUS, Tenant, TenantFile
 
@@ -47,6 +47,20 @@ class Tenancy:
             return []
         self.auth = AuthInterceptor(self.file, mtls=mtls)
         return [self.auth]
+
+    def http_tenant(self, path: str, token: str | None, role: str) -> str | tuple[str, str]:
+        """The tenant an HTTP call on ``path`` runs as, or (gRPC status name, why) to refuse it.
+
+        ``anonymous`` without a tenants file and on its ``open_http_paths``;
+        else the bearer token's tenant, which needs ``role`` (as the gRPC interceptor decides).
+        """
+        if self.file is None:
+            return ANONYMOUS
+        table = self.file.table
+        if path in table.open_http_paths:
+            return ANONYMOUS
+        verdict = authenticate(table, token, role, path)
+        return verdict if isinstance(verdict, tuple) else verdict.name
 
     def tenant(self, name: str) -> Tenant | None:
         return self.file.table.tenants.get(name) if self.file is not None else None

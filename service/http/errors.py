@@ -1,0 +1,85 @@
+"""OpenAI's error object, and the one mapping from the service's gRPC status names to HTTP.
+
+Every failure of the HTTP API is answered as OpenAI answers it::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+
+with the matching HTTP status; 429 and 503 carry ``Retry-After`` (seconds).
+A refusal by a tenant quota has ``code`` set to the quota's name
+(``max_concurrent``, ``max_queued``, ``tokens_per_minute``) so a caller can
+tell it from server overload (``server_is_overloaded``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from starlette.responses import Response
+
+# gRPC status name -> (HTTP status, OpenAI error type)
+STATUS = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "OUT_OF_RANGE": (400, "invalid_request_error"),
+    "FAILED_PRECONDITION": (400, "invalid_request_error"),
+    "ALREADY_EXISTS": (409, "invalid_request_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
+    "NOT_FOUND": (404, "invalid_request_error"),
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (503, "service_unavailable_error"),
+    "DEADLINE_EXCEEDED": (504, "timeout_error"),
+    "CANCELLED": (503, "service_unavailable_error"),
+    "INTERNAL": (500, "server_error"),
+    "UNIMPLEMENTED": (501, "server_error"),
+}
+TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+         413: "invalid_request_error", 415: "invalid_request_error"}
+
+
+class ApiError(Exception):
+    """An HTTP API failure; ``response()`` is its OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_ms: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type or TYPES.get(status, "invalid_request_error")
+        self.param = param
+        self.code = code
+        self.retry_after_ms = retry_after_ms
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_ms <= 0:
+            return {}
+        return {"retry-after": str(max(1, math.ceil(self.retry_after_ms / 1000)))}
+
+    def response(self) -> Response:
+        return Response(
+            json.dumps(self.body()), self.status, headers=self.headers(), media_type="application/json"
+        )
+
+
+def bad_param(param: str, message: str) -> ApiError:
+    """A 400 naming ``param`` (OpenAI's shape for a bad or unsupported argument)."""
+    return ApiError(400, message, param=param)
+
+
+def from_status(status: str, message: str, retry_after_ms: int = 0, quota: str = "") -> ApiError:
+    """The HTTP error of a gRPC status name as the intake or engine report it."""
+    http, kind = STATUS.get(status, (500, "server_error"))
+    code = quota or ("server_is_overloaded" if status == "RESOURCE_EXHAUSTED" else None)
+    if status == "UNAVAILABLE" and not retry_after_ms:
+        retry_after_ms = 1000
+    return ApiError(http, message, type=kind, code=code, retry_after_ms=retry_after_ms)
