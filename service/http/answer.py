@@ -37,7 +37,7 @@ class Validator(Protocol):
 
 
 def event_error(e: pb.Error) -> ApiError:
-    return from_status(e.status, e.message, e.retry_after_ms, e.quota)
+    return from_status(e.status, e.message, e.retry_after_ms, e.quota, e.reason)
 
 
 def cancelled() -> ApiError:

@@ -8,9 +8,20 @@ Routes (docs/openai.md):
 * ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
   (Prometheus text: today's ``inference_*`` series and the vLLM-named ones).
 
-Every request is authenticated like a gRPC call (the tenants file, bearer
-tokens compared in constant time; ``open_http_paths`` need none) and runs with
-``CURRENT_TENANT`` set, so the intake stamps its tenant on what it prepares.
+Every request is authenticated like a gRPC call (the tenants file in force,
+bearer tokens compared in constant time; ``open_http_paths`` need none) and
+runs with ``CURRENT_TENANT`` and ``CURRENT_CREDENTIAL`` set, so the intake
+stamps its tenant on what it prepares and a running request is checked again
+as a Generate stream's are (a revoked token ends it UNAUTHENTICATED: a 401, or
+an error event in a started event stream).
+
+Every route names what it needs of the server (``Need``, the drain rule of
+``service.api.intake``): generation and batch creation need ``WORK`` (refused
+503 while loading, draining or after an engine failure, with the reason in
+the error's ``code`` and the ``inference-unavailable-reason`` header);
+``/v1/models`` needs ``MODEL``; files and batch reads ``STORE`` (always
+answered). ``/health`` answers 200 while work is taken, else 503 with the
+reason; ``/metrics`` is answered once the engine runs.
 Every failure is OpenAI's error object; an unexpected exception is a 500
 ``server_error`` for that request only.
 """
@@ -38,7 +49,8 @@ from service.http.render import Choices
 from service.http.requests import parse_chat, parse_completion
 from service.http.run import Run, watch_disconnect
 from service.http.sse import EventStream
-from service.security.auth import CURRENT_TENANT, bearer_token
+from service.request.events import LOADING
+from service.security.auth import CURRENT_CREDENTIAL, CURRENT_TENANT, bearer_token
 from service.security.tenancy import Tenancy
 
 log = logging.getLogger("service.http")
@@ -54,17 +66,26 @@ class HttpApi:
 
     # -- shared checks ------------------------------------------------------------------------
     def authorize(self, request: Request, role: str = "user") -> str:
-        """Authenticate the call and make its tenant current; raises ApiError 401/403."""
+        """Authenticate the call against the tenants file in force and make its tenant and credential
+        current; raises ApiError 401/403."""
         token = bearer_token([("authorization", request.headers.get("authorization", ""))])
         verdict = self.tenancy.http_tenant(request.url.path, token, role)
         if isinstance(verdict, tuple):
             raise from_status(*verdict)
-        CURRENT_TENANT.set(verdict)
-        return verdict
+        CURRENT_TENANT.set(verdict.tenant)
+        CURRENT_CREDENTIAL.set(verdict if verdict.digest is not None else None)  # None: nothing to re-check
+        return verdict.tenant
 
-    def ready(self, need: Need = Need.WORK) -> None:
+    def ready(self, need: Need) -> None:
+        """Refuse the call (503, the reason as its code and header) when the drain rule says so."""
         if (why := self.intake.unavailable(need)) is not None:
-            raise from_status("UNAVAILABLE", why.message, 1000)
+            raise from_status("UNAVAILABLE", why.message, 1000, reason=why.reason)
+
+    def admit(self, request: Request, need: Need) -> str:
+        """``authorize`` then ``ready``: the caller's tenant, or ApiError 401/403/503."""
+        tenant = self.authorize(request)
+        self.ready(need)
+        return tenant
 
     async def body(self, request: Request, limit: int) -> bytes:
         """The request body, at most ``limit`` bytes (413 past it, before reading it all)."""
@@ -92,8 +113,7 @@ class HttpApi:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: Request, chat: bool) -> Response:
-        self.authorize(request)
-        self.ready()
+        self.admit(request, Need.WORK)
         raw = parse_json(await self.body(request, self.config.max_body_bytes))
         parse = parse_chat if chat else parse_completion
         parsed = parse(raw, self.config.model_name, request.headers.get("x-priority"))
@@ -126,19 +146,16 @@ class HttpApi:
                 "owned_by": "cpu-inference-service"}
 
     async def models(self, request: Request) -> Response:
-        self.authorize(request)
-        self.ready(Need.MODEL)
+        self.admit(request, Need.MODEL)
         return JSONResponse({"object": "list", "data": [self._model_object()]})
 
     async def model_info(self, request: Request) -> Response:
-        self.authorize(request)
-        self.ready(Need.MODEL)
+        self.admit(request, Need.MODEL)
         self.model(request.path_params["model"])
         return JSONResponse(self._model_object())
 
     async def health(self, request: Request) -> Response:
-        self.authorize(request)
-        self.ready()
+        self.admit(request, Need.WORK)  # NOTE: a readiness probe: 503 (with the reason) whenever work is refused
         return JSONResponse({"status": "ok"})
 
     async def prometheus(self, request: Request) -> Response:
@@ -146,7 +163,7 @@ class HttpApi:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         if self.metrics is None:
-            raise from_status("UNAVAILABLE", "model is loading; retry shortly", 1000)
+            raise from_status("UNAVAILABLE", "model is loading; retry shortly", 1000, reason=LOADING)
         text = await asyncio.to_thread(generate_latest, self.metrics)  # NOTE: never a scrape on the event loop
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 

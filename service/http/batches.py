@@ -8,7 +8,10 @@
 * the job's output and error files are ``file-out-<batch id>`` and ``file-err-<batch id>``,
   generated from the stored results once the job has ended (one line per custom_id).
 
-Everything is per tenant: another tenant's file or batch is a 404.
+Everything is per tenant: another tenant's file or batch is a 404. Uploading a
+file and creating a batch are new work (``Need.WORK``: refused 503 while the
+server loads, drains or has failed); reading, deleting and cancelling are
+answered whatever the engine's state (``Need.STORE``), as the gRPC BatchService does.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from service.api.intake import Need
 from service.http.app import HttpApi
 from service.http.batch_lines import (
     ENDPOINTS,
@@ -63,7 +67,7 @@ class BatchRoutes:
         self.api, self.jobs, self.files = api, jobs, files
 
     async def upload(self, request: Request) -> Response:
-        tenant = self.api.authorize(request)
+        tenant = self.api.admit(request, Need.WORK)  # NOTE: the first step of new work: a draining replica refuses it
         data = await self.api.body(request, self.api.config.max_file_bytes)
 
         async def replay() -> AsyncGenerator[bytes, None]:
@@ -91,7 +95,7 @@ class BatchRoutes:
         return None
 
     async def file(self, request: Request) -> Response:
-        tenant, file_id = self.api.authorize(request), request.path_params["file_id"]
+        tenant, file_id = self.api.admit(request, Need.STORE), request.path_params["file_id"]
         if (record := await self.files.get(tenant, file_id)) is not None:
             return JSONResponse(record.to_json())
         if (out := await self._output(file_id)) is not None:
@@ -100,7 +104,7 @@ class BatchRoutes:
         raise _not_found("file", file_id)
 
     async def content(self, request: Request) -> Response:
-        tenant, file_id = self.api.authorize(request), request.path_params["file_id"]
+        tenant, file_id = self.api.admit(request, Need.STORE), request.path_params["file_id"]
         if (data := await self.files.content(tenant, file_id)) is not None:
             return Response(data, media_type="application/jsonl")
         if (out := await self._output(file_id)) is None:
@@ -116,7 +120,7 @@ class BatchRoutes:
         return StreamingResponse(lines(), media_type="application/jsonl")
 
     async def delete_file(self, request: Request) -> Response:
-        tenant, file_id = self.api.authorize(request), request.path_params["file_id"]
+        tenant, file_id = self.api.admit(request, Need.STORE), request.path_params["file_id"]
         if not await self.files.delete(tenant, file_id):
             raise _not_found("file", file_id)
         return JSONResponse({"id": file_id, "object": "file", "deleted": True})
@@ -134,8 +138,7 @@ class BatchRoutes:
         return bpb.BatchOptions(completion_window_s=int(window[1]) * 3600, metadata=meta)
 
     async def create(self, request: Request) -> Response:
-        tenant = self.api.authorize(request)
-        self.api.ready()
+        tenant = self.api.admit(request, Need.WORK)
         body = Body(parse_json(await self.api.body(request, self.api.config.max_body_bytes)),
                     ("input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"))
         endpoint, file_id = body.str_("endpoint", required=True), body.str_("input_file_id", required=True)
@@ -153,14 +156,14 @@ class BatchRoutes:
         return JSONResponse(batch_object(batch))
 
     async def get(self, request: Request) -> Response:
-        self.api.authorize(request)
+        self.api.admit(request, Need.STORE)
         batch_id = request.path_params["batch_id"]
         if (batch := await self.jobs.get(batch_id)) is None:
             raise _not_found("batch", batch_id)
         return JSONResponse(batch_object(batch))
 
     async def cancel(self, request: Request) -> Response:
-        self.api.authorize(request)
+        self.api.admit(request, Need.STORE)
         batch_id = request.path_params["batch_id"]
         if (batch := await self.jobs.cancel(batch_id)) is None:
             raise _not_found("batch", batch_id)

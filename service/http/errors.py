@@ -7,7 +7,11 @@ Every failure of the HTTP API is answered as OpenAI answers it::
 with the matching HTTP status; 429 and 503 carry ``Retry-After`` (seconds).
 A refusal by a tenant quota has ``code`` set to the quota's name
 (``max_concurrent``, ``max_queued``, ``tokens_per_minute``) so a caller can
-tell it from server overload (``server_is_overloaded``).
+tell it from server overload (``server_is_overloaded``). A 503 of the drain
+rule (``service.api.intake``) has ``code`` set to its reason (``loading``,
+``draining``, ``engine_failed``) and carries it in the
+``inference-unavailable-reason`` header, as gRPC carries it in the trailing
+metadata: ``draining`` and ``engine_failed`` mean "retry on another replica".
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import json
 import math
 
 from starlette.responses import Response
+
+from service.api.intake import REASON_METADATA_KEY
 
 # gRPC status name -> (HTTP status, OpenAI error type)
 STATUS = {
@@ -49,6 +55,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_ms: int = 0,
+        reason: str = "",
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -56,14 +63,16 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.retry_after_ms = retry_after_ms
+        self.reason = reason  # UNAVAILABLE: loading, draining or engine_failed
 
     def body(self) -> dict[str, object]:
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_ms <= 0:
-            return {}
-        return {"retry-after": str(max(1, math.ceil(self.retry_after_ms / 1000)))}
+        out = {REASON_METADATA_KEY: self.reason} if self.reason else {}
+        if self.retry_after_ms > 0:
+            out["retry-after"] = str(max(1, math.ceil(self.retry_after_ms / 1000)))
+        return out
 
     def response(self) -> Response:
         return Response(
@@ -76,10 +85,10 @@ def bad_param(param: str, message: str) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def from_status(status: str, message: str, retry_after_ms: int = 0, quota: str = "") -> ApiError:
-    """The HTTP error of a gRPC status name as the intake or engine report it."""
+def from_status(status: str, message: str, retry_after_ms: int = 0, quota: str = "", reason: str = "") -> ApiError:
+    """The HTTP error of a gRPC status name as the intake or engine report it (``reason``: UNAVAILABLE's why)."""
     http, kind = STATUS.get(status, (500, "server_error"))
-    code = quota or ("server_is_overloaded" if status == "RESOURCE_EXHAUSTED" else None)
+    code = quota or reason or ("server_is_overloaded" if status == "RESOURCE_EXHAUSTED" else None)
     if status == "UNAVAILABLE" and not retry_after_ms:
         retry_after_ms = 1000
-    return ApiError(http, message, type=kind, code=code, retry_after_ms=retry_after_ms)
+    return ApiError(http, message, type=kind, code=code, retry_after_ms=retry_after_ms, reason=reason)

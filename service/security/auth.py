@@ -112,20 +112,22 @@ def _role_check(tenant: Tenant, method: str) -> Denial | None:
     )
 
 
-def authenticate(table: TenantTable, token: str | None, role: str, what: str) -> Tenant | tuple[str, str]:
-    """The tenant owning ``token`` (constant-time lookup) if it has ``role``, else (gRPC status name, why).
+def authenticate(table: TenantTable, token: str | None, role: str, what: str) -> Credential | tuple[str, str]:
+    """The credential of ``token`` (constant-time lookup) if its tenant has ``role``, else (gRPC status name, why).
 
     For front ends without a gRPC context (the HTTP API): the same rules as the
-    interceptor, ``what`` names the call in the PERMISSION_DENIED message.
+    interceptor, ``what`` names the call in the PERMISSION_DENIED message and is
+    the credential's method (a running request re-checks it with ``recheck``).
     """
     if token is None:
         return "UNAUTHENTICATED", "missing 'Authorization: Bearer <token>' header"
-    tenant = table.by_token(token)
+    digest = token_digest(token)
+    tenant = table.by_digest(digest)
     if tenant is None:
         return "UNAUTHENTICATED", "invalid bearer token"
     if not has_role(tenant, role):
         return "PERMISSION_DENIED", f"tenant {tenant.name!r} may not call {what} (needs role {role})"
-    return tenant
+    return Credential(tenant.name, what, digest=digest)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

@@ -48,19 +48,20 @@ class Tenancy:
         self.auth = AuthInterceptor(self.file, mtls=mtls)
         return [self.auth]
 
-    def http_tenant(self, path: str, token: str | None, role: str) -> str | tuple[str, str]:
-        """The tenant an HTTP call on ``path`` runs as, or (gRPC status name, why) to refuse it.
+    def http_tenant(self, path: str, token: str | None, role: str) -> Credential | tuple[str, str]:
+        """What an HTTP call on ``path`` runs as, or (gRPC status name, why) to refuse it.
 
-        ``anonymous`` without a tenants file and on its ``open_http_paths``;
-        else the bearer token's tenant, which needs ``role`` (as the gRPC interceptor decides).
+        ``anonymous`` (a credential without a token digest: nothing to re-check) without a
+        tenants file and on its ``open_http_paths``; else the bearer token's credential, whose
+        tenant needs ``role`` (as the gRPC interceptor decides). Every call looks the token up
+        in the file in force, so a revoked token is refused from its next call on.
         """
         if self.file is None:
-            return ANONYMOUS
-        table = self.file.table
+            return Credential(ANONYMOUS, path)
+        table = self.file.table  # NOTE: reloads a changed file first
         if path in table.open_http_paths:
-            return ANONYMOUS
-        verdict = authenticate(table, token, role, path)
-        return verdict if isinstance(verdict, tuple) else verdict.name
+            return Credential(ANONYMOUS, path)
+        return authenticate(table, token, role, path)
 
     def tenant(self, name: str) -> Tenant | None:
         return self.file.table.tenants.get(name) if self.file is not None else None

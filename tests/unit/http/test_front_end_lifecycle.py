@@ -1,4 +1,5 @@
-"""The HTTP front end before the model is loaded: it listens at once and answers 503 with Retry-After."""
+"""The HTTP front end before the model is loaded: it listens at once and answers 503 with Retry-After and the
+reason ``loading`` (error code and header)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ async def test_requests_while_loading_are_503_with_retry_after() -> None:
                 assert r.status_code == 503, path
                 assert r.json()["error"]["type"] == "service_unavailable_error"
                 assert r.headers["retry-after"] == "1"
+                assert r.json()["error"]["code"] == r.headers["inference-unavailable-reason"] == "loading"
     finally:
         await front.stop()
     with pytest.raises(httpx2.ConnectError):

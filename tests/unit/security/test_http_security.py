@@ -9,6 +9,7 @@ import os
 import ssl
 from pathlib import Path
 
+from service.security.auth import Credential
 from service.security.tenancy import Tenancy
 from service.security.tls import RotatingSSLContext
 from tests.support.certs import CA
@@ -24,13 +25,30 @@ def test_http_tenant_is_decided_like_a_grpc_call(tmp_path: Path) -> None:
     digest = hashlib.sha256(b"tok-a").hexdigest()
     t = tenancy(tmp_path, {"tenants": {"a": {"token_sha256": [digest]}, "none": {"token_sha256": [
         hashlib.sha256(b"tok-n").hexdigest()], "roles": []}}})
-    assert t.http_tenant("/v1/chat/completions", "tok-a", "user") == "a"
-    assert t.http_tenant("/v1/chat/completions", None, "user")[0] == "UNAUTHENTICATED"
+    a = t.http_tenant("/v1/chat/completions", "tok-a", "user")
+    assert isinstance(a, Credential) and a.tenant == "a" and a.digest == hashlib.sha256(b"tok-a").digest()
+    assert t.http_tenant("/v1/chat/completions", None, "user")[0] == "UNAUTHENTICATED"  # type: ignore[index]
     assert t.http_tenant("/v1/chat/completions", "tok-x", "user") == ("UNAUTHENTICATED", "invalid bearer token")
     denied = t.http_tenant("/v1/completions", "tok-n", "user")
-    assert denied[0] == "PERMISSION_DENIED" and "needs role user" in denied[1]
-    assert t.http_tenant("/metrics", None, "admin") == "anonymous"  # open by default, as --prometheus-port
-    assert Tenancy().http_tenant("/v1/completions", None, "user") == "anonymous"  # no tenants file
+    assert isinstance(denied, tuple) and denied[0] == "PERMISSION_DENIED" and "needs role user" in denied[1]
+    # open by default, as --prometheus-port; without a tenants file: anonymous, with nothing to re-check
+    assert t.http_tenant("/metrics", None, "admin") == Credential("anonymous", "/metrics")
+    assert Tenancy().http_tenant("/v1/completions", None, "user") == Credential("anonymous", "/v1/completions")
+
+
+def test_an_http_credential_is_revoked_with_its_token(tmp_path: Path) -> None:
+    """What a running HTTP request re-checks: its token's tenant in the file in force."""
+    doc = {"tenants": {"a": {"token_sha256": [hashlib.sha256(b"tok-a").hexdigest()]},
+                       "b": {"token_sha256": [hashlib.sha256(b"tok-b").hexdigest()]}}}
+    t = tenancy(tmp_path, doc)
+    a = t.http_tenant("/v1/completions", "tok-a", "user")
+    assert isinstance(a, Credential) and t.recheck(a) is None
+    del doc["tenants"]["a"]
+    (tmp_path / "tenants.json").write_text(json.dumps(doc))
+    t.reload()
+    denial = t.recheck(a)
+    assert denial is not None and denial[0].name == "UNAUTHENTICATED" and "no longer valid" in denial[1]
+    assert t.http_tenant("/v1/completions", "tok-a", "user") == ("UNAUTHENTICATED", "invalid bearer token")
 
 
 def test_open_http_paths_can_close_metrics(tmp_path: Path) -> None:
