@@ -26,7 +26,9 @@ from service.http.requests import parse_chat, parse_completion
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 KEY_ENDPOINT, KEY_INPUT = "openai.endpoint", "openai.input_file_id"
-FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+# NOTE: a JSON document closed early within its budget (json_finish, --json-finish close) is complete and
+# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it).
+FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CLOSED: "stop"}
 TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
          "expired_at", "cancelling_at", "cancelled_at")
 TERMINAL = (bpb.BATCH_STATE_COMPLETED, bpb.BATCH_STATE_FAILED, bpb.BATCH_STATE_CANCELLED, bpb.BATCH_STATE_EXPIRED)

@@ -39,6 +39,10 @@ STATUS = {
     "INTERNAL": (500, "server_error"),
     "UNIMPLEMENTED": (501, "server_error"),
 }
+# Request fields the intake's validation names first in its message, under the HTTP API's own names:
+# such a 400 names its parameter (e.g. a logit_bias token id outside the vocabulary).
+NAMED_PARAMS = frozenset({"logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "max_tokens",
+                          "temperature", "top_p", "top_k", "min_p", "n", "stop", "top_logprobs"})
 TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
          413: "invalid_request_error", 415: "invalid_request_error"}
 
@@ -91,4 +95,6 @@ def from_status(status: str, message: str, retry_after_ms: int = 0, quota: str =
     code = quota or reason or ("server_is_overloaded" if status == "RESOURCE_EXHAUSTED" else None)
     if status == "UNAVAILABLE" and not retry_after_ms:
         retry_after_ms = 1000
-    return ApiError(http, message, type=kind, code=code, retry_after_ms=retry_after_ms, reason=reason)
+    first = message.split(" ", 1)[0]
+    param = first if http == 400 and first in NAMED_PARAMS else None
+    return ApiError(http, message, type=kind, param=param, code=code, retry_after_ms=retry_after_ms, reason=reason)

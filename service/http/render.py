@@ -16,7 +16,9 @@ from inference.v1 import inference_pb2 as pb
 
 from service.http.requests import Output
 
-FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+# NOTE: a JSON document closed early within its budget (json_finish, --json-finish close) is complete and
+# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it).
+FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CLOSED: "stop"}
 Json = dict[str, Any]
 
 

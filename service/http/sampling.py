@@ -5,9 +5,12 @@ intake's request builder then validates them exactly as for gRPC (its
 ``BadRequest`` comes back as a 400). What is refused here is only what the
 proto cannot say, or says differently:
 
-* ``frequency_penalty``, ``presence_penalty``, ``repetition_penalty`` and
-  ``logit_bias`` are accepted at their neutral values (0, 0, 1, ``{}``); other
-  values are a 400 naming the parameter until the sampler has them;
+* ``frequency_penalty`` and ``presence_penalty`` (-2 .. 2), ``logit_bias``
+  (token ids as decimal strings -> a bias in -100 .. 100, at most 1024 entries)
+  and the extension ``repetition_penalty`` (llama.cpp's, (0, 10], 1 = off) map
+  onto the ``SamplingParams`` fields of the same names; a value out of range
+  is a 400 naming the parameter here (a token id outside the vocabulary is
+  refused by the intake, its message naming ``logit_bias``);
 * accepted and ignored (documented in docs/openai.md): ``user``, ``metadata``,
   ``store`` (false), ``safety_identifier``, ``prompt_cache_key`` and
   ``prompt_cache_retention`` (prefix caching is automatic), ``parallel_tool_calls``;
@@ -17,10 +20,13 @@ proto cannot say, or says differently:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.request_builder import MAX_BIAS, MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, PENALTY_RANGE
 from service.http.body import Body
 from service.http.errors import bad_param
 
@@ -32,7 +38,6 @@ SHARED = (
     "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "store", "service_tier",
     "top_k", "min_p", "ignore_eos", "priority", *IGNORED,
 )
-NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1}
 PRIORITY: dict[str, pb.Priority] = {"interactive": pb.PRIORITY_INTERACTIVE, "batch": pb.PRIORITY_BATCH}
 TIERS: dict[str, pb.Priority] = {"auto": pb.PRIORITY_UNSPECIFIED, "default": pb.PRIORITY_UNSPECIFIED,
          "priority": pb.PRIORITY_INTERACTIVE, "flex": pb.PRIORITY_BATCH}
@@ -55,15 +60,45 @@ def streaming(body: Body) -> Streaming:
     return Streaming(stream, include)
 
 
-def _unsupported(body: Body) -> None:
-    """Penalties and logit_bias: neutral values only, until the sampler applies them."""
-    for name, neutral in NEUTRAL.items():
-        value = body.num(name, -2.0 if name != "repetition_penalty" else 0.0, 2.0 if name != "repetition_penalty" else 10.0)
-        if value is not None and value != neutral:
-            raise bad_param(name, f"{name} is not supported yet by this server (only {neutral} is accepted)")
+def _penalties(body: Body, sp: pb.SamplingParams) -> None:
+    """frequency / presence penalties (OpenAI's -2 .. 2) and repetition_penalty ((0, 10], 1 = off)."""
+    for name in ("frequency_penalty", "presence_penalty"):
+        if (value := body.num(name, -PENALTY_RANGE, PENALTY_RANGE)) is not None:
+            setattr(sp, name, value)
+    if (rep := body.num("repetition_penalty", -math.inf, math.inf)) is not None:
+        if not 0.0 < rep <= MAX_REPETITION_PENALTY:
+            raise bad_param("repetition_penalty",
+                            f"'repetition_penalty' must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = off), got {rep:g}")
+        sp.repetition_penalty = rep
+
+
+def _bias_value(token: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_param("logit_bias", f"'logit_bias' value for token {token} must be a number, got {value!r}")
+    if not -MAX_BIAS <= value <= MAX_BIAS:
+        raise bad_param("logit_bias", f"'logit_bias' value for token {token} must be in "
+                                      f"[-{MAX_BIAS:g}, {MAX_BIAS:g}], got {value}")
+    return float(value)
+
+
+def logit_bias(body: Body) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: token ids (decimal strings) -> bias in [-100, 100]; {} when unset."""
     bias = body.get("logit_bias")
-    if bias is not None and (not isinstance(bias, dict) or bias):
-        raise bad_param("logit_bias", "logit_bias is not supported yet by this server (only {} is accepted)")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad_param("logit_bias", "'logit_bias' must be an object mapping token ids to a bias in [-100, 100]")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_param("logit_bias", f"'logit_bias' has {len(bias)} entries; at most {MAX_LOGIT_BIAS}")
+    out: dict[int, float] = {}
+    for token, value in bias.items():
+        if not (token.isascii() and token.isdigit()) or int(token) >= 2**31:
+            raise bad_param("logit_bias", f"'logit_bias' keys must be token ids (non-negative integers), got {token!r}")
+        out[int(token)] = _bias_value(token, value)
+    return out
+
+
+def _store(body: Body) -> None:
     if body.bool_("store"):
         raise bad_param("store", "store is not supported: this server keeps no completions (use store: false)")
 
@@ -81,8 +116,11 @@ def _stops(body: Body) -> list[str]:
 
 def sampling_params(body: Body, max_tokens: int | None) -> pb.SamplingParams:
     """The shared parameters as a proto (``max_tokens``: the endpoint's resolved limit, or None)."""
-    _unsupported(body)
+    _store(body)
     sp = pb.SamplingParams(stop=_stops(body), ignore_eos=bool(body.bool_("ignore_eos")))
+    _penalties(body, sp)
+    for token, bias in logit_bias(body).items():
+        sp.logit_bias[token] = bias
     if max_tokens is not None:
         sp.max_tokens = max_tokens
     if (t := body.num("temperature", 0.0, 2.0)) is not None:

@@ -41,7 +41,7 @@ def test_batch_of_chat_requests_end_to_end(client: openai.OpenAI, api_server: Ru
                               "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
                               "additionalProperties": False}}}}})
     rows.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions",
-                 "body": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "frequency_penalty": 1}})
+                 "body": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "frequency_penalty": 3}})
     upload = client.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
     assert upload.purpose == "batch" and upload.bytes > 0
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",

@@ -123,7 +123,7 @@ def test_auto_tool_choice_answers_text_or_a_valid_call(client: openai.OpenAI) ->
 
 
 @pytest.mark.parametrize(("kw", "param"), [
-    ({"frequency_penalty": 0.7}, "frequency_penalty"), ({"logit_bias": {"42": 3}}, "logit_bias"),
+    ({"frequency_penalty": 2.7}, "frequency_penalty"), ({"logit_bias": {"42": 300}}, "logit_bias"),
     ({"temperature": 5}, "temperature"), ({"extra_body": {"bogus": 1}}, "bogus"),
 ])
 def test_bad_parameters_raise_bad_request_naming_them(client: openai.OpenAI, kw: dict[str, object], param: str) -> None:

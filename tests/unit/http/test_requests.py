@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from inference.v1 import inference_pb2 as pb
 
-from service.http.errors import ApiError
+from service.http.errors import ApiError, from_status
 from service.http.requests import parse_chat, parse_completion
 
 MODEL = "m"
@@ -41,16 +41,40 @@ def test_unknown_argument_is_refused_naming_it(name: str) -> None:
     assert refused(chat, **{name: 1}).param == name
 
 
-@pytest.mark.parametrize(("name", "value"), [("frequency_penalty", 0.5), ("presence_penalty", -1.0),
-                                             ("repetition_penalty", 1.2), ("logit_bias", {"50": 5})])
-def test_penalties_and_logit_bias_are_refused_until_the_sampler_has_them(name: str, value: Any) -> None:
-    err = refused(chat, **{name: value})
-    assert err.param == name and "not supported yet" in str(err)
+def test_penalties_and_logit_bias_map_onto_the_proto() -> None:
+    sp = chat(frequency_penalty=0.5, presence_penalty=-1.0, repetition_penalty=1.2,
+              logit_bias={"50": 5, "7": -100, "0": 100.0}).request.sampling
+    assert (sp.frequency_penalty, sp.presence_penalty, round(sp.repetition_penalty, 3)) == (0.5, -1.0, 1.2)
+    assert dict(sp.logit_bias) == {50: 5.0, 7: -100.0, 0: 100.0}
 
 
-def test_neutral_penalties_are_accepted() -> None:
-    p = chat(frequency_penalty=0, presence_penalty=0.0, repetition_penalty=1, logit_bias={})
-    assert [(m.role, m.content) for m in p.request.messages] == [("user", "hi")]
+def test_unset_and_neutral_penalties_leave_the_sampler_as_it_was() -> None:
+    unset = chat().request.sampling
+    assert not unset.HasField("frequency_penalty") and not unset.HasField("repetition_penalty")
+    assert not unset.logit_bias
+    neutral = chat(frequency_penalty=0, presence_penalty=0.0, repetition_penalty=1, logit_bias={}).request.sampling
+    assert (neutral.frequency_penalty, neutral.presence_penalty, neutral.repetition_penalty) == (0, 0, 1)
+    assert not neutral.logit_bias
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("frequency_penalty", 2.5), ("frequency_penalty", -2.01), ("presence_penalty", -3), ("presence_penalty", "high"),
+    ("repetition_penalty", 0), ("repetition_penalty", 10.5), ("repetition_penalty", -1),
+    ("logit_bias", {"50": 101}), ("logit_bias", {"50": -100.5}), ("logit_bias", {"50": "up"}),
+    ("logit_bias", {"50": True}), ("logit_bias", {"-1": 5}), ("logit_bias", {"hello": 5}),
+    ("logit_bias", {"2147483648": 5}), ("logit_bias", [50, 5]), ("logit_bias", {str(i): 1 for i in range(1025)}),
+])
+def test_out_of_range_penalties_and_logit_bias_are_400_naming_them(name: str, value: Any) -> None:
+    for parse in (chat, lambda **kw: parse_completion({"model": MODEL, "prompt": "hi", **kw}, MODEL, None)):
+        assert refused(parse, **{name: value}).param == name
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_names_logit_bias() -> None:
+    """The intake decides the vocabulary; its message names the field, and so does the HTTP error."""
+    err = from_status("INVALID_ARGUMENT", "logit_bias token id 99999 is outside the vocabulary (0..49151)")
+    assert (err.status, err.param) == (400, "logit_bias")
+    assert from_status("INVALID_ARGUMENT", "prompt is empty").param is None
+    assert from_status("UNAVAILABLE", "n is not a parameter here").param is None
 
 
 @pytest.mark.parametrize(("kw", "param"), [
