@@ -83,23 +83,7 @@ class InferenceServer:
     async def start(self) -> int:
         """Listen, load, warm up, then report SERVING; returns the bound port."""
         await self._set_health(NOT_SERVING)
-        # NOTE: tracing first, so refused calls still get an RPC span (with the refusal's status).
-        interceptors = self.telemetry.server_interceptors() + self.tenancy.interceptors(
-            mtls=bool(self.config.tls_client_ca)
-        )
-        self.server = grpc.aio.server(interceptors=interceptors, options=server_options(self.config))
-        add_servicer(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["InferenceService"])
-        self.batch.register(self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                BATCH_SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.server,
-        )
+        self.server = self._grpc_server()
         self.port = self._add_port()
         await self.server.start()
         if self.http is not None:
@@ -121,6 +105,27 @@ class InferenceServer:
             engine.kv.num_blocks,
         )
         return self.port
+
+    def _grpc_server(self) -> grpc.aio.Server:
+        """The gRPC server with both services, health and reflection (not listening yet)."""
+        # NOTE: tracing first, so refused calls still get an RPC span (with the refusal's status).
+        interceptors = self.telemetry.server_interceptors() + self.tenancy.interceptors(
+            mtls=bool(self.config.tls_client_ca)
+        )
+        server = grpc.aio.server(interceptors=interceptors, options=server_options(self.config))
+        add_servicer(server, self.servicer, pb.DESCRIPTOR.services_by_name["InferenceService"])
+        self.batch.register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                BATCH_SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        return server
 
     def _load(self, loop: asyncio.AbstractEventLoop) -> tuple[Engine, RequestBuilder, GrammarService]:
         """Load the model and start the engine (its thread runs the warm-up decode)."""

@@ -212,7 +212,6 @@ class EngineMetrics:
             }
             steps = self.steps
             mean_batch = sum(k * v for k, v in self.batch_sizes.items()) / steps if steps else 0.0
-            mask = np.asarray(self.mask_us) if self.mask_us else np.zeros(1)
             return {
                 "uptime_s": time.monotonic() - self.started,
                 "tiers": tiers,
@@ -226,14 +225,19 @@ class EngineMetrics:
                 "throughput_tok_s": tput,
                 "histograms": {k: h.snapshot() for k, h in self.histograms.items()},
                 "finished_by_reason": dict(self.finished_by_reason),
-                "grammar": {
-                    "compiles": self.grammar_compiles,
-                    "cache_hits": self.grammar_cache_hits,
-                    "compile_ms": summarize(list(self.compile_ms)),
-                    "mask_us_p50": float(np.percentile(mask, 50)),
-                    "mask_us_p99": float(np.percentile(mask, 99)),
-                    "constrained_tokens": self.constrained_tokens,
-                    "forced_tokens": self.forced_tokens,
-                    **{f"documents_{k}": self.documents[k] for k in DOCUMENT_ENDS.values()},
-                },
+                "grammar": self._grammar(),
             }
+
+    def _grammar(self) -> dict:
+        """The grammar figures (the caller holds the lock)."""
+        mask = np.asarray(self.mask_us) if self.mask_us else np.zeros(1)
+        return {
+            "compiles": self.grammar_compiles,
+            "cache_hits": self.grammar_cache_hits,
+            "compile_ms": summarize(list(self.compile_ms)),
+            "mask_us_p50": float(np.percentile(mask, 50)),
+            "mask_us_p99": float(np.percentile(mask, 99)),
+            "constrained_tokens": self.constrained_tokens,
+            "forced_tokens": self.forced_tokens,
+            **{f"documents_{k}": self.documents[k] for k in DOCUMENT_ENDS.values()},
+        }

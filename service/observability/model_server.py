@@ -13,7 +13,8 @@ step with GetMetrics and the ``inference_*`` series:
 * ``vllm:cache_config_info``     gauge 1 with labels ``block_size`` and ``num_gpu_blocks``
   (the KV pool's blocks: the prefix-cache scorer's page size and capacity);
 * ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total``,
-  ``vllm:request_success_total{finished_reason}`` counters;
+  ``vllm:request_success_total{finished_reason}`` counters (``stop`` counts JSON documents
+  closed within their budget too, ``length`` those cut off);
 * ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``,
   ``vllm:request_queue_time_seconds``, ``vllm:time_per_output_token_seconds`` histograms
   (``EngineMetrics.histograms``, recorded when a request ends in the engine).
@@ -100,8 +101,10 @@ class ModelServerCollector(Collector):
         success = CounterMetricFamily(
             "vllm:request_success_total", "requests finished in the engine", labels=["model_name", "finished_reason"]
         )
-        for reason in ("stop", "length"):
-            success.add_metric([self.model, reason], c["finished_by_reason"].get(reason, 0))
+        done = c["finished_by_reason"]
+        # NOTE: a JSON document closed within its budget ("closed") ended complete: vLLM's "stop"
+        success.add_metric([self.model, "stop"], done.get("stop", 0) + done.get("closed", 0))
+        success.add_metric([self.model, "length"], done.get("length", 0))
         yield success
         for key, (name, doc) in HISTOGRAMS.items():
             yield _histogram(name, doc, c["histograms"][key], self.model)

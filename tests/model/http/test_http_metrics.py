@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx2
@@ -65,3 +66,32 @@ def test_metrics_show_the_queue_under_load_and_return_to_idle(small: RunningServ
     wait_idle(small)
     after = scrape(http)
     assert {k: after[k] for k in GAUGES} == {k: idle[k] for k in GAUGES}
+
+
+def test_one_scrape_has_the_latency_histograms_beside_the_document_counters(small: RunningServer) -> None:
+    """Issue 27's vllm:* histograms and issue 30's JSON document counters on the same /metrics, both
+    counting an HTTP request with a JSON Schema."""
+    http = httpx2.Client(base_url=f"http://127.0.0.1:{small.server.http_port}", timeout=120)
+
+    def figures() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(http.get("/metrics").text):
+            for s in family.samples:
+                if s.name == "vllm:e2e_request_latency_seconds_count":
+                    out["e2e"] = s.value
+                elif s.name.startswith("inference_grammar_documents") and s.labels.get("inference_document_end"):
+                    out[s.labels["inference_document_end"]] = s.value
+        return out
+
+    before = figures()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "messages": [{"role": "user", "content": "OK?"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}}}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+    deadline = time.monotonic() + 30  # NOTE: the OTel view is collected on its own schedule
+    while (after := figures()).get("natural", 0) <= before.get("natural", 0):
+        assert time.monotonic() < deadline, after
+        time.sleep(0.2)
+    assert after["e2e"] == before.get("e2e", 0) + 1

@@ -74,3 +74,26 @@ def test_latency_histograms_count_finished_requests_in_seconds() -> None:
     assert m["vllm:e2e_request_latency_seconds_bucket{le=+Inf}"] == 2
     assert abs(m["vllm:e2e_request_latency_seconds_sum{}"] - 3.9) < 1e-9
     assert m["vllm:request_success_total{finished_reason=stop}"] == 2
+
+
+def test_histograms_and_document_counters_record_the_same_finished_requests() -> None:
+    """Issue 27's histograms beside issue 30's document counters: a JSON document closed within its
+    budget is a completed request (e2e observed, vLLM's ``stop``) and a ``closed`` document; one cut off
+    by max_tokens is ``length`` and ``cut_off``."""
+
+    class Json:
+        kind = "json_schema"
+
+    engine = FakeEngine()
+    closed, cut = finished(1.0, 1.1, 1.5), finished(2.0, 2.1, 2.5)
+    closed.finish_reason, cut.finish_reason = FinishReason.CLOSED, FinishReason.LENGTH
+    closed.grammar = cut.grammar = Json()
+    engine.metrics.on_finish(closed)
+    engine.metrics.on_finish(cut)
+    engine.metrics.on_finish(finished(3.0, 3.1, 3.5))  # plain text, STOP: no document
+    m = scrape(engine)
+    assert m["vllm:e2e_request_latency_seconds_count{}"] == 3
+    assert m["vllm:request_success_total{finished_reason=stop}"] == 2
+    assert m["vllm:request_success_total{finished_reason=length}"] == 1
+    grammar = engine.metrics.snapshot()["grammar"]
+    assert (grammar["documents_natural"], grammar["documents_closed"], grammar["documents_cut_off"]) == (0, 1, 1)
