@@ -79,7 +79,7 @@ EOF
 PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 ADDR="127.0.0.1:$PORT"
 log "starting server on $ADDR (model $MODEL, log $WORK/server.log)"
-"$PY" -m service --model "$MODEL" --host 127.0.0.1 --port "$PORT" --max-running 4 \
+"$PY" -m service --model "$MODEL" --host 127.0.0.1 --port "$PORT" --http-port 0 --max-running 4 \
   --auth-tokens "$WORK/tenants.json" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 
@@ -87,7 +87,7 @@ TLS_PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0
 TLS_ADDR="localhost:$TLS_PORT"
 TLS_ARGS=(-tls-ca "$WORK/ca.crt" -tls-cert "$WORK/client.crt" -tls-key "$WORK/client.key")
 log "starting the mTLS + token server on $TLS_ADDR (log $WORK/tls-server.log)"
-"$PY" -m service --model "$MODEL" --host 127.0.0.1 --port "$TLS_PORT" --max-running 4 \
+"$PY" -m service --model "$MODEL" --host 127.0.0.1 --port "$TLS_PORT" --http-port 0 --max-running 4 \
   --tls-cert "$WORK/server.crt" --tls-key "$WORK/server.key" --tls-client-ca "$WORK/ca.crt" \
   --auth-tokens "$WORK/tenants.json" >"$WORK/tls-server.log" 2>&1 &
 TLS_SERVER_PID=$!

@@ -2,9 +2,10 @@
 # Offline checks of the Kubernetes manifests and the Containerfile (no cluster, no container engine):
 #  1. `kubectl kustomize` renders the base and every overlay;
 #  2. kubernetes-validate --strict checks every built-in object against the bundled Kubernetes
-#     schemas (unknown fields fail); it has no CRD schemas, so KEDA's ScaledObject is checked
-#     against deploy/kustomize/components/autoscale-keda/scaledobject.schema.json instead, and any
-#     other kind without a schema fails the check;
+#     schemas (unknown fields fail); it has no CRD schemas, so the custom kinds we use are checked
+#     against hand-written schema subsets with jsonschema instead (SCHEMAS below: KEDA's ScaledObject,
+#     the Inference Extension's InferencePool, the Gateway API's HTTPRoute), and so is the endpoint
+#     picker's EndpointPickerConfig carried in a ConfigMap; any other kind without a schema fails;
 #  3. every server container takes its replica id from the pod name (downward API), and the prod
 #     overlays take the shared batch store's URL from the Secret inference-batch-db (docs/batch.md);
 #  4. hadolint lints the Containerfile.
@@ -21,26 +22,46 @@ if ! command -v kubectl >/dev/null; then
     apt-get update -q && apt-get install -y -q kubectl
 fi
 
+# "kind apiVersion" lines kubernetes-validate may warn about (it has no schema for them)
+CUSTOM_KINDS="kind ScaledObject with api version keda.sh/v1alpha1
+kind InferencePool with api version inference.networking.k8s.io/v1
+kind HTTPRoute with api version gateway.networking.k8s.io/v1"
+
 status=0
-for dir in base overlays/dev overlays/prod overlays/prod-keda overlays/prod-tls; do
+for dir in base overlays/dev overlays/prod overlays/prod-keda overlays/prod-tls overlays/prod-gateway; do
     name=${dir//\//-}
     kubectl kustomize "$KUSTOMIZE_DIR/$dir" > "$OUT/$name.yaml"
     log="$OUT/$name.log"
     if ! .venv/bin/kubernetes-validate --strict --quiet "$OUT/$name.yaml" > "$log" 2>&1; then
         cat "$log"; echo "FAIL: $dir does not validate"; status=1; continue
     fi
-    # warnings name kinds without a schema: only ScaledObject is allowed (checked below)
-    if grep -v "kind ScaledObject with api version keda.sh/v1alpha1" "$log" | grep -q .; then
+    # warnings name kinds without a schema: only the custom kinds above are allowed (checked below)
+    if grep -v -F "$CUSTOM_KINDS" "$log" | grep -q .; then
         cat "$log"; echo "FAIL: $dir: unexpected warnings"; status=1; continue
     fi
-    "$PY" - "$OUT/$name.yaml" "$KUSTOMIZE_DIR/components/autoscale-keda/scaledobject.schema.json" "$dir" <<'PYEOF' || status=1
+    "$PY" - "$OUT/$name.yaml" "$KUSTOMIZE_DIR/components" "$dir" <<'PYEOF' || status=1
 import json, sys
+from pathlib import Path
 import jsonschema, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-schema = json.load(open(sys.argv[2]))
+components = Path(sys.argv[2])
+SCHEMAS = {
+    "ScaledObject": components / "autoscale-keda/scaledobject.schema.json",
+    "InferencePool": components / "inference-gateway/schemas/inferencepool.schema.json",
+    "HTTPRoute": components / "inference-gateway/schemas/httproute.schema.json",
+}
+EPP = components / "inference-gateway/schemas/endpointpickerconfig.schema.json"
 for d in docs:
-    if d["kind"] == "ScaledObject":
-        jsonschema.validate(d, schema)
+    if d["kind"] in SCHEMAS:
+        jsonschema.validate(d, json.loads(SCHEMAS[d["kind"]].read_text()))
+    for key, text in (d.get("data") or {}).items() if d["kind"] == "ConfigMap" else ():
+        if "kind: EndpointPickerConfig" not in text:
+            continue
+        config = yaml.safe_load(text)
+        jsonschema.validate(config, json.loads(EPP.read_text()))
+        names = {p.get("name", p["type"]) for p in config["plugins"]}
+        refs = {r["pluginRef"] for prof in config["schedulingProfiles"] for r in prof["plugins"]}
+        assert refs <= names, f"{d['metadata']['name']}/{key}: pluginRef without a plugin: {sorted(refs - names)}"
     if d["kind"] == "Deployment":
         server = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "server")
         env = {e["name"]: e.get("valueFrom", {}) for e in server.get("env", [])}
@@ -49,7 +70,8 @@ for d in docs:
             ref = env["INFERENCE_BATCH_DB"]["secretKeyRef"]
             assert (ref["name"], ref["key"]) == ("inference-batch-db", "url"), ref
             assert any(o["kind"] == "Secret" and o["metadata"]["name"] == "inference-batch-db" for o in docs)
-print(f"ok: {sys.argv[1].rsplit('/', 1)[-1]} ({len(docs)} objects: {', '.join(sorted({d['kind'] for d in docs}))})")
+kinds = {d["kind"] for d in docs}
+print(f"ok: {sys.argv[1].rsplit('/', 1)[-1]} ({len(docs)} objects: {', '.join(sorted(kinds))})")
 PYEOF
 done
 

@@ -30,7 +30,7 @@ OUT = ROOT / "docs" / "configuration.md"
 
 # (title, ServerConfig field names) in the order the document shows them.
 SECTIONS: list[tuple[str, list[str]]] = [
-    ("Model and address", ["model", "host", "port"]),
+    ("Model and address", ["model", "host", "port", "http_port", "served_model_name"]),
     ("Compute threads", ["threads", "adaptive_threads"]),
     (
         "KV cache and batching",

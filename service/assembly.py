@@ -8,12 +8,14 @@ Protocol that ``ServerConfig`` satisfies, or plain values) from here or from
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from service.api.generate_stream import StreamLimits
 from service.batch.service import BatchConfig
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
 from service.engine.speculator import SpecConfig
+from service.http.config import HttpConfig
 from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
@@ -76,4 +78,32 @@ def cache_config(config: ServerConfig) -> CacheConfig:
         max_ttl_s=config.response_cache_max_ttl_s,
         semantic=config.semantic_cache,
         semantic_threshold=config.semantic_cache_threshold,
+    )
+
+
+def served_model_name(config: ServerConfig) -> str:
+    """The model id of the HTTP API and the metrics: ``--served-model-name``, else the file name without .gguf."""
+    return config.served_model_name or Path(config.model).name.removesuffix(".gguf")
+
+
+def http_config(config: ServerConfig) -> HttpConfig | None:
+    """The HTTP front end's settings (None: ``--http-port 0``, no HTTP API).
+
+    Uploaded batch input files live beside the batch store (``data/batch.db`` ->
+    ``data/batch-files.db``; in memory when the store is).
+    """
+    if not config.http_port:
+        return None
+    db = config.batch_db
+    files = ":memory:" if db == ":memory:" else str(Path(db).with_name(Path(db).stem + "-files.db"))
+    return HttpConfig(
+        host=config.host,
+        port=config.http_port,
+        model_name=served_model_name(config),
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+        tls_client_ca=config.tls_client_ca,
+        stream=stream_limits(config),
+        files_db=files,
+        files_retention_s=config.batch_retention_hours * 3600,
     )

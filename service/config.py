@@ -74,6 +74,8 @@ class ServerConfig:
     batch_max_running: int = 0
     batch_lease_s: float = 60.0
     replica_id: str = ""
+    http_port: int = 8000
+    served_model_name: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting, for the start-up log: a password in ``--batch-db`` is masked."""
@@ -164,6 +166,10 @@ HELP = {
     "replica_id": "this replica's stable name in a shared batch store (owner of its leases; a restart "
     "with the same name requeues its own running items at once; empty = the host name, which is the pod name "
     "in Kubernetes)",
+    "http_port": "OpenAI-compatible HTTP API, /metrics and /health on this port, in the same process and event "
+    "loop (same --host, TLS files and tenants as gRPC; 0 = off; docs/openai.md)",
+    "served_model_name": "model id of the HTTP API (/v1/models, the request's model field) and the model_name "
+    "label of the vllm:* metrics (default: the model file name without .gguf)",
 }
 CHOICES = {
     "scheduling": ("priority", "fcfs"),
@@ -263,6 +269,8 @@ def validate(c: ServerConfig) -> str | None:
         parse_batch_db(c.batch_db)
     except ValueError as exc:
         return str(exc)
+    if not 0 <= c.http_port <= 65535 or (c.http_port and c.http_port == c.port):
+        return "--http-port must be in 0..65535 (0 = off) and differ from --port"
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
         return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
     return None

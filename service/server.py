@@ -1,4 +1,4 @@
-"""Assembles the service: model, engine, gRPC server, health and reflection.
+"""Assembles the service: model, engine, gRPC server, health and reflection, and the HTTP API.
 
 Start-up order (health stays NOT_SERVING until the last step)::
 
@@ -27,12 +27,21 @@ from service.api.grpc_options import server_options
 from service.api.intake import Intake
 from service.api.request_builder import JsonDefaults, PromptLimits, RequestBuilder
 from service.api.tolerant_decoding import add_servicer
-from service.assembly import batch_config, build_engine, cache_config, stream_limits
+from service.assembly import (
+    batch_config,
+    build_engine,
+    cache_config,
+    http_config,
+    served_model_name,
+    stream_limits,
+)
 from service.batch.service import BATCH_SERVICE_NAME, BatchService
 from service.config import ServerConfig
 from service.continuous_batcher import Engine
+from service.http.server import HttpFrontEnd
 from service.model.chat import ChatTemplate, ChatTemplateError
 from service.model.runner import ModelLoadError
+from service.observability.model_server import ModelServerCollector
 from service.observability.telemetry import Telemetry
 from service.request.sequence import Priority
 from service.response_cache import bind_model, build_cache
@@ -60,38 +69,27 @@ class InferenceServer:
         cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
         self.intake = Intake(self.telemetry, self.tenancy, cache)
         self.servicer = InferenceServicer(self.intake, stream_limits(config))
-        self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens a SQLite --batch-db
+        self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens --batch-db
         self.batch.on_health = self._on_batch_store
         self.serving = False  # health as last set for the server as a whole
+        http = http_config(config)  # the OpenAI-compatible API: same intake, tenants and TLS files
+        self.http = HttpFrontEnd(http, self.intake, self.tenancy, self.batch.jobs) if http is not None else None
         self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.http_port = 0
         self.failed = asyncio.Event()  # set when the engine fails (see Engine.fail); serve() exits then
 
     async def start(self) -> int:
         """Listen, load, warm up, then report SERVING; returns the bound port."""
         await self._set_health(NOT_SERVING)
-        # NOTE: tracing first, so refused calls still get an RPC span (with the refusal's status).
-        interceptors = self.telemetry.server_interceptors() + self.tenancy.interceptors(
-            mtls=bool(self.config.tls_client_ca)
-        )
-        self.server = grpc.aio.server(interceptors=interceptors, options=server_options(self.config))
-        add_servicer(self.server, self.servicer, pb.DESCRIPTOR.services_by_name["InferenceService"])
-        self.batch.register(self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                BATCH_SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.server,
-        )
+        self.server = self._grpc_server()
         self.port = self._add_port()
         await self.server.start()
+        if self.http is not None:
+            self.http_port = await self.http.start()  # answers 503 until the model is loaded
         log.info("listening on %s:%d; loading %s", self.config.host, self.port, self.config.model)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
@@ -99,6 +97,7 @@ class InferenceServer:
         self.engine, self.grammar = engine, grammar
         self.intake.attach(engine, builder, grammar)
         self.servicer.attach()
+        self._serve_metrics(engine)
         await self.batch.start()  # requeues items a previous run left running
         await self._set_health(SERVING)
         log.info(
@@ -108,6 +107,27 @@ class InferenceServer:
             engine.kv.num_blocks,
         )
         return self.port
+
+    def _grpc_server(self) -> grpc.aio.Server:
+        """The gRPC server with both services, health and reflection (not listening yet)."""
+        # NOTE: tracing first, so refused calls still get an RPC span (with the refusal's status).
+        interceptors = self.telemetry.server_interceptors() + self.tenancy.interceptors(
+            mtls=bool(self.config.tls_client_ca)
+        )
+        server = grpc.aio.server(interceptors=interceptors, options=server_options(self.config))
+        add_servicer(server, self.servicer, pb.DESCRIPTOR.services_by_name["InferenceService"])
+        self.batch.register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                BATCH_SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        return server
 
     def _load(self, loop: asyncio.AbstractEventLoop) -> tuple[Engine, RequestBuilder, GrammarService]:
         """Load the model and start the engine (its thread runs the warm-up decode)."""
@@ -135,6 +155,20 @@ class InferenceServer:
         engine.on_failure = self._on_engine_failure
         engine.start(loop)
         return engine, builder, grammar
+
+    def _serve_metrics(self, engine: Engine) -> None:
+        """The vLLM-named series (the inference gateway's model server protocol) beside today's metrics,
+        on the telemetry's Prometheus registry (--prometheus-port and /metrics) or one for /metrics alone."""
+        registry = self.telemetry.prometheus_registry
+        if registry is None and self.http is None:
+            return
+        if registry is None:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry()
+        registry.register(ModelServerCollector(engine, served_model_name(self.config)))
+        if self.http is not None:
+            self.http.attach(registry)
 
     def _on_engine_failure(self, cause: str) -> None:
         """The engine failed (event loop): report NOT_SERVING; ``serve`` then exits non-zero."""
@@ -188,6 +222,8 @@ class InferenceServer:
     async def stop(self, grace_s: float = 0.0) -> None:
         if self.engine is not None and grace_s > 0:
             await self.drain(grace_s)
+        if self.http is not None:
+            await self.http.stop()
         if self.server is not None:
             await self.server.stop(1.0)
         await self.batch.stop()  # before the engine: items still in it stay RUNNING in the store

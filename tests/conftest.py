@@ -29,6 +29,9 @@ from tests.support.tiny_vocab import build as tiny_vocab_file
 # Server processes started by tests keep batch jobs in memory, not in ./data
 # (tests/model/batch/test_batch.py passes files).
 os.environ.setdefault("INFERENCE_BATCH_DB", ":memory:")
+# ... and serve no HTTP API unless a test asks for one (several servers at once would all want :8000;
+# tests/model/http/ start theirs on free ports).
+os.environ.setdefault("INFERENCE_HTTP_PORT", "0")
 
 pytest_plugins = ["pytester"]  # tests/unit/suite/test_guards.py
 GUARD = ModelGuard()

@@ -180,6 +180,8 @@ class GrpcServer(_Process):
         argv = [PYTHON, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", "{port}"]
         if threads is not None:
             argv += ["--threads", str(threads)]
+        if "--http-port" not in flags:
+            argv += ["--http-port", "0"]  # NOTE: no HTTP API unless asked: several servers would all want :8000
         if not any(f.startswith("--response-cache") for f in flags):
             # NOTE: the scenarios measure the engine: repeated greedy prompts must not be replayed
             # from the response cache (scenario K measures the cache and sets its flags).
@@ -243,5 +245,32 @@ class LlamaCppServer(_Process):
         return False
 
     def __enter__(self) -> LlamaCppServer:
+        self.start()
+        return self
+
+
+class LlamaServer(_Process):
+    """llama.cpp's ``llama-server`` (``make llama-tools``; OpenAI-compatible HTTP); ready when /health is 200.
+
+    ``parallel`` slots (``-np``) over one unified KV cache (``-kvu``) of ``ctx`` tokens, continuous batching.
+    """
+
+    def __init__(self, label: str, binary: Path, model: str | Path, *, parallel: int, ctx: int, threads: int) -> None:
+        argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "{port}", "-np", str(parallel),
+                "-kvu", "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "--no-webui"]
+        super().__init__(label, argv)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> bool:
+        import httpx
+
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200
+        return False
+
+    def __enter__(self) -> LlamaServer:
         self.start()
         return self

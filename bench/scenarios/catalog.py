@@ -24,6 +24,7 @@ from bench.scenarios import (
     m_api,
     n_speculative,
     o_replicas,
+    p_http,
 )
 
 
@@ -96,6 +97,13 @@ SCENARIOS = [
         "One batch job on 3 replicas sharing PostgreSQL vs 1 replica vs 3 SQLite replicas",
         o_replicas,
         1500,
+    ),
+    Scenario(
+        "P",
+        "http",
+        "The OpenAI HTTP API: HTTP vs gRPC vs llama.cpp's llama-server, 1-32 streams",
+        p_http,
+        900,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

@@ -39,6 +39,14 @@ class GrammarService:
 
     async def matcher_for(self, kind: str, source: str) -> tuple[Any, Any]:
         """(matcher, compiled) for a constraint; raises BadRequest with the grammar's status."""
+        compiled = await self.compiled(kind, source)
+        return self.compiler.matcher(compiled), compiled
+
+    async def compiled(self, kind: str, source: str, record: bool = True) -> Any:
+        """The compiled constraint (from the cache when it is there); raises BadRequest as ``matcher_for``.
+
+        ``record=False`` (a look-up to validate a finished document) leaves the compile metrics alone.
+        """
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
@@ -51,8 +59,9 @@ class GrammarService:
                 f"grammar compilation exceeded {self.timeout_s:g} s (it goes on: a retry may hit the cache)",
                 "RESOURCE_EXHAUSTED",
             ) from None
-        self.metrics.on_grammar_compile((loop.time() - t0) * 1e3, hit)
-        return self.compiler.matcher(compiled), compiled
+        if record:
+            self.metrics.on_grammar_compile((loop.time() - t0) * 1e3, hit)
+        return compiled
 
     def key_guard(self, kind: str) -> KeyGuard | None:
         """A duplicate-key guard for JSON output (json_schema), else None."""

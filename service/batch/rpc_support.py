@@ -26,7 +26,7 @@ from service.batch.store import Counts, StoreUnavailable
 
 log = logging.getLogger("service.batch")
 RETRY_AFTER_MS = 1000
-UNAVAILABLE_MESSAGE = "the batch job store is unavailable; retry later"
+UNAVAILABLE_MESSAGE = StoreUnavailable.public_message
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -30,6 +30,7 @@ from inference.v1 import batch_pb2 as bpb
 from service.api.intake import Intake
 from service.api.tolerant_decoding import add_servicer
 from service.batch.feed import ChangeFeed
+from service.batch.jobs import BatchJobs
 from service.batch.metrics import observe_batches
 from service.batch.open_store import open_store, parse_batch_db
 from service.batch.servicer import BatchServicer
@@ -74,6 +75,7 @@ class BatchService:
         self.worker.idle_s = lambda: self.feed.poll_s(1.0)
         self.feed.on_work = lambda: self.worker.notify(stopping=True)
         self.servicer = BatchServicer(self.db, self.worker, intake, self.feed)
+        self.jobs = BatchJobs(self.db, self.worker, intake)  # the same operations for the HTTP API
         self._opener: asyncio.Task[None] | None = None
         meters = getattr(telemetry, "meter_provider", None)
         if meters is not None:

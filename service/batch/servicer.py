@@ -15,28 +15,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import grpc
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import batch_pb2_grpc as bpb_grpc
-from opentelemetry import trace
 
 from service.api.intake import Intake, Need
 from service.api.tolerant_decoding import MALFORMED
-from service.batch.convert import job_proto, result_proto, spec_of
+from service.batch.convert import job_proto, result_proto
 from service.batch.feed import ChangeFeed
-from service.batch.items import check_custom_id, prepare, sort_key
 from service.batch.rpc_support import ProgressRate, abort_unavailable, store_errors
-from service.batch.store import TERMINAL, ItemError, Job, NewItem, StoreUnavailable
+from service.batch.store import TERMINAL, Job
 from service.batch.store_thread import StoreThread
+from service.batch.upload import Upload
 from service.batch.worker import BatchWorker
 from service.request.errors import BadRequest
 from service.security.auth import current_tenant
 
 log = logging.getLogger("service.batch")
-MAX_ITEMS = 100_000
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 
 
@@ -61,7 +58,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
         self, request_iterator: AsyncIterator[bpb.CreateBatchRequest], context: grpc.aio.ServicerContext
     ) -> bpb.CreateBatchResponse:
         await self.intake.require(context, Need.WORK)
-        upload = _Upload(self)
+        upload = Upload(self.db, self.intake, self.worker.uploads)
         try:
             async for msg in request_iterator:
                 if msg is MALFORMED:
@@ -151,73 +148,3 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             if len(page) < 256 or left == 0:
                 return
             cursor = page[-1].cursor
-
-
-class _Upload:
-    """One CreateBatch upload: the job is created at the first message and items are stored as they come."""
-
-    def __init__(self, servicer: BatchServicer) -> None:
-        self.s = servicer
-        self.job: Job | None = None
-        self.line = 0
-
-    async def add(self, msg: bpb.CreateBatchRequest) -> Job | None:
-        """Store ``msg``'s items; returns an existing job when the idempotency key was used before."""
-        if self.job is None:
-            ctx = trace.get_current_span().get_span_context()  # the RPC span (tracing on): items link to it
-            spec = spec_of(msg.options, current_tenant())
-            if ctx.is_valid:
-                spec = replace(spec, trace=f"{ctx.trace_id:032x}-{ctx.span_id:016x}")
-            job, created = await self.s.db.rpc("create_job", spec)
-            if not created:
-                return job
-            self.job = job
-            self.s.worker.uploads.add(job.id)  # NOTE: its lease is renewed while the upload goes on
-        items: list[NewItem] = []
-        errors: list[ItemError] = []
-        for item in msg.items:
-            self.line += 1
-            checked = await self._check(item)
-            if isinstance(checked, NewItem):
-                items.append(checked)
-            else:
-                errors.append(checked)
-        if items:
-            for dup in await self.s.db.rpc("add_items", self.job.id, items):
-                errors.append(ItemError(dup.line, dup.custom_id, "ALREADY_EXISTS", "duplicate custom_id in the job"))
-        if errors:
-            await self.s.db.rpc("add_errors", self.job.id, errors)
-        return None
-
-    async def _check(self, item: Any) -> NewItem | ItemError:
-        line, cid = self.line, item.custom_id
-        problem = check_custom_id(cid)
-        if problem is None and line > MAX_ITEMS:
-            problem = f"a job holds at most {MAX_ITEMS} items"
-        if problem is not None:
-            return ItemError(line, cid, "INVALID_ARGUMENT", problem)
-        data = item.SerializeToString()
-        try:
-            seq = await prepare(self.s.intake, item, f"upload/{cid}")
-        except BadRequest as exc:
-            return NewItem(cid, line, data, error=ItemError(line, cid, exc.status, str(exc)))
-        return NewItem(cid, line, data, sort_key(seq))
-
-    async def finish(self) -> Job:
-        if self.job is None:  # an upload without any message: an empty, failed job
-            await self.add(bpb.CreateBatchRequest())
-        assert self.job is not None
-        job: Job = await self.s.db.rpc("start_job", self.job.id)
-        self.s.worker.uploads.discard(job.id)
-        self.job = None
-        return job
-
-    async def discard(self) -> None:
-        """Delete the job of a broken upload; if the store is down, its lease lapses instead."""
-        if self.job is not None:
-            job_id, self.job = self.job.id, None
-            self.s.worker.uploads.discard(job_id)
-            try:
-                await self.s.db.rpc("discard_job", job_id)
-            except StoreUnavailable:
-                log.info("batch %s: broken upload left to lapse (store unavailable)", job_id)

@@ -31,14 +31,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from service.request.errors import Unavailable
 
-class StoreUnavailable(Exception):
+
+class StoreUnavailable(Unavailable):
     """The store cannot be reached now (database down, link cut, no pooled connection in time).
 
     A call that raises it may or may not have committed (a commit whose answer was
     lost): callers retry later and rely on the contract (a stale claim records
     nothing, an idempotency key makes one job), never on the call having failed.
     """
+
+    public_message = "the batch job store is unavailable; retry later"
 
 
 class JobState(StrEnum):

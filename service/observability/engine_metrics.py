@@ -6,6 +6,7 @@ both sides; recording is O(1) per event.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import Counter, deque
@@ -19,6 +20,12 @@ WINDOW = 2048  # latency observations kept per tier and metric
 THROUGHPUT_WINDOW_S = 10.0
 COMPLETED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CLOSED)
 DOCUMENT_ENDS = {FinishReason.STOP: "natural", FinishReason.CLOSED: "closed", FinishReason.LENGTH: "cut_off"}
+# Upper bounds (seconds) of the cumulative latency histograms (served as vllm:* on /metrics).
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                  10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                 240.0, 480.0, 960.0, 1920.0)
+TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
 def _is_json(seq: Sequence) -> bool:
@@ -33,6 +40,26 @@ def summarize(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values, dtype=np.float64)
     p50, p95, p99 = np.percentile(arr, [50, 95, 99])
     return {"count": len(arr), "mean_ms": float(arr.mean()), "p50_ms": p50, "p95_ms": p95, "p99_ms": p99}
+
+
+@dataclass
+class Cumulative:
+    """A Prometheus-style histogram: per-bucket counts (non-cumulative here), sum and count, since start."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)  # the last bucket is +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def snapshot(self) -> tuple[tuple[float, ...], list[int], float]:
+        """(bounds, counts per bucket with +Inf last, sum)."""
+        return self.bounds, list(self.counts), self.total
 
 
 @dataclass
@@ -69,6 +96,13 @@ class EngineMetrics:
         self.forced_tokens = 0
         # JSON documents (json_schema output) by how they ended: STOP, CLOSED, LENGTH
         self.documents: Counter[str] = Counter()
+        self.histograms = {
+            "ttft": Cumulative(TTFT_BUCKETS_S),
+            "e2e": Cumulative(E2E_BUCKETS_S),
+            "queue": Cumulative(E2E_BUCKETS_S),
+            "tpot": Cumulative(TPOT_BUCKETS_S),
+        }
+        self.finished_by_reason: Counter[str] = Counter()
 
     def on_accept(self, seq: Sequence) -> None:
         with self._lock:
@@ -112,16 +146,21 @@ class EngineMetrics:
                 tier.cancelled += 1
             else:
                 tier.failed += 1
-            lat = tier.latencies
+            self.finished_by_reason[seq.finish_reason.value if seq.finish_reason else "error"] += 1
+            lat, hist = tier.latencies, self.histograms
             end = seq.finish_time or time.monotonic()
             if seq.first_scheduled is not None:
                 lat["queue"].append((seq.first_scheduled - seq.arrival) * 1e3)
+                hist["queue"].observe(seq.first_scheduled - seq.arrival)
             if seq.first_token_time is not None:
                 lat["ttft"].append((seq.first_token_time - seq.arrival) * 1e3)
+                hist["ttft"].observe(seq.first_token_time - seq.arrival)
                 if seq.num_generated > 1:
                     lat["tpot"].append((end - seq.first_token_time) * 1e3 / (seq.num_generated - 1))
+                    hist["tpot"].observe((end - seq.first_token_time) / (seq.num_generated - 1))
             if seq.finish_reason in COMPLETED:
                 lat["e2e"].append((end - seq.arrival) * 1e3)
+                hist["e2e"].observe(end - seq.arrival)
 
     def on_grammar_compile(self, ms: float, cache_hit: bool) -> None:
         with self._lock:
@@ -145,6 +184,17 @@ class EngineMetrics:
             span = max(time.monotonic() - self._recent[0][0], 1e-3)
             return sum(n for _, n in self._recent) / min(span, THROUGHPUT_WINDOW_S)
 
+    def cumulative(self) -> dict:
+        """Counters and histograms since start, without the windowed percentiles (cheap: for scrapes)."""
+        with self._lock:
+            return {
+                "prompt_tokens": self.prompt_tokens,
+                "generated_tokens": self.generated_tokens,
+                "requests": sum(t.requests for t in self.tiers.values()),
+                "histograms": {k: h.snapshot() for k, h in self.histograms.items()},
+                "finished_by_reason": dict(self.finished_by_reason),
+            }
+
     def snapshot(self) -> dict:
         """A consistent copy of the figures (latency windows summarised)."""
         tput = self.throughput()
@@ -162,7 +212,6 @@ class EngineMetrics:
             }
             steps = self.steps
             mean_batch = sum(k * v for k, v in self.batch_sizes.items()) / steps if steps else 0.0
-            mask = np.asarray(self.mask_us) if self.mask_us else np.zeros(1)
             return {
                 "uptime_s": time.monotonic() - self.started,
                 "tiers": tiers,
@@ -174,14 +223,21 @@ class EngineMetrics:
                 "batch_sizes": dict(sorted(self.batch_sizes.items())),
                 "mean_batch_size": mean_batch,
                 "throughput_tok_s": tput,
-                "grammar": {
-                    "compiles": self.grammar_compiles,
-                    "cache_hits": self.grammar_cache_hits,
-                    "compile_ms": summarize(list(self.compile_ms)),
-                    "mask_us_p50": float(np.percentile(mask, 50)),
-                    "mask_us_p99": float(np.percentile(mask, 99)),
-                    "constrained_tokens": self.constrained_tokens,
-                    "forced_tokens": self.forced_tokens,
-                    **{f"documents_{k}": self.documents[k] for k in DOCUMENT_ENDS.values()},
-                },
+                "histograms": {k: h.snapshot() for k, h in self.histograms.items()},
+                "finished_by_reason": dict(self.finished_by_reason),
+                "grammar": self._grammar(),
             }
+
+    def _grammar(self) -> dict:
+        """The grammar figures (the caller holds the lock)."""
+        mask = np.asarray(self.mask_us) if self.mask_us else np.zeros(1)
+        return {
+            "compiles": self.grammar_compiles,
+            "cache_hits": self.grammar_cache_hits,
+            "compile_ms": summarize(list(self.compile_ms)),
+            "mask_us_p50": float(np.percentile(mask, 50)),
+            "mask_us_p99": float(np.percentile(mask, 99)),
+            "constrained_tokens": self.constrained_tokens,
+            "forced_tokens": self.forced_tokens,
+            **{f"documents_{k}": self.documents[k] for k in DOCUMENT_ENDS.values()},
+        }

@@ -4,9 +4,10 @@
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and ``OTEL_TRACES_EXPORTER``
   does not exclude ``otlp``; printed to stdout with ``--trace-console``.
   Sampling, batching, headers, timeouts: the SDK's own ``OTEL_*`` variables.
-* Metrics: served for Prometheus on ``--prometheus-port``; exported with
-  OTLP/gRPC when an OTLP endpoint is set and ``OTEL_METRICS_EXPORTER`` does not
-  exclude ``otlp``.
+* Metrics: served for Prometheus on ``--prometheus-port`` and at ``/metrics``
+  of the HTTP API (``--http-port``; one registry, ``Telemetry.prometheus_registry``,
+  behind both); exported with OTLP/gRPC when an OTLP endpoint is set and
+  ``OTEL_METRICS_EXPORTER`` does not exclude ``otlp``.
 * ``OTEL_SDK_DISABLED=true`` or none of the above: the no-op ``Telemetry``.
 """
 
@@ -32,6 +33,8 @@ class TelemetrySettings(Protocol):
     def prometheus_port(self) -> int: ...  # 0: no Prometheus endpoint
     @property
     def trace_console(self) -> bool: ...  # print spans to stdout
+    @property
+    def http_port(self) -> int: ...  # 0: no HTTP API (whose /metrics also serves the registry)
 
 
 def _wants_otlp(env: Mapping[str, str], signal: str) -> bool:
@@ -68,12 +71,13 @@ def make_tracer_provider(resource: Any, otlp: bool, console: bool) -> Any:
     return provider
 
 
-def start_prometheus(host: str, port: int) -> tuple[Any, Callable[[], None]]:
-    """A Prometheus reader on its own registry, served at http://host:port/metrics; (reader, closer)."""
+def start_prometheus(host: str, port: int, registry: Any = None) -> tuple[Any, Callable[[], None]]:
+    """A Prometheus reader on ``registry`` (default: its own), served at http://host:port/metrics;
+    (reader, closer)."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, start_http_server
 
-    registry = CollectorRegistry()
+    registry = CollectorRegistry() if registry is None else registry
     reader = PrometheusMetricReader(registry=registry)
     httpd, thread = start_http_server(port, addr=host, registry=registry)
 
@@ -85,14 +89,24 @@ def start_prometheus(host: str, port: int) -> tuple[Any, Callable[[], None]]:
     return reader, close
 
 
-def make_meter_provider(resource: Any, otlp: bool, prometheus: tuple[str, int] | None) -> tuple[Any, list]:
-    """A MeterProvider with the chosen readers (or None) and the closers they need."""
+def make_meter_provider(
+    resource: Any, otlp: bool, prometheus: tuple[str, int] | None, registry: Any = None
+) -> tuple[Any, list]:
+    """A MeterProvider with the chosen readers (or None) and the closers they need.
+
+    ``registry`` (a prometheus_client CollectorRegistry) gets a Prometheus reader
+    too; the Prometheus port, when there is one, serves that same registry.
+    """
     readers: list[Any] = []
     closers: list[Callable[[], None]] = []
     if prometheus is not None:
-        reader, close = start_prometheus(*prometheus)
+        reader, close = start_prometheus(*prometheus, registry=registry)
         readers.append(reader)
         closers.append(close)
+    elif registry is not None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader(registry=registry))
     if otlp:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -118,16 +132,23 @@ def make_telemetry(config: TelemetrySettings) -> Telemetry:
         log.warning("only OTLP over gRPC is supported; ignoring OTEL_EXPORTER_OTLP_PROTOCOL")
     traces_otlp, metrics_otlp = _wants_otlp(env, "TRACES"), _wants_otlp(env, "METRICS")
     prometheus = (config.host, config.prometheus_port) if config.prometheus_port else None
-    if not (traces_otlp or metrics_otlp or config.trace_console or prometheus):
+    if not (traces_otlp or metrics_otlp or config.trace_console or prometheus or config.http_port):
         return Telemetry()
+    from prometheus_client import CollectorRegistry
+
+    # NOTE: the HTTP API's /metrics serves today's metrics from this registry (no port of its own)
+    registry = CollectorRegistry() if (prometheus or config.http_port) else None
     resource = make_resource()
     tracer_provider = make_tracer_provider(resource, traces_otlp, config.trace_console)
-    meter_provider, closers = make_meter_provider(resource, metrics_otlp, prometheus)
+    meter_provider, closers = make_meter_provider(resource, metrics_otlp, prometheus, registry)
     log.info(
-        "telemetry: traces otlp=%s console=%s; metrics otlp=%s prometheus=%s",
+        "telemetry: traces otlp=%s console=%s; metrics otlp=%s prometheus=%s http /metrics=%s",
         traces_otlp,
         config.trace_console,
         metrics_otlp,
         f"http://{config.host}:{config.prometheus_port}/metrics" if prometheus else "off",
+        "on" if config.http_port else "off",
     )
-    return OTelTelemetry(tracer_provider, meter_provider, closers)
+    telemetry = OTelTelemetry(tracer_provider, meter_provider, closers)
+    telemetry.prometheus_registry = registry
+    return telemetry

@@ -43,6 +43,7 @@ class Telemetry:
     enabled = False  # True: the engine calls the per-token hook (on_first_token)
     tenancy: Any = None  # service.security.tenancy.Tenancy, set by the server (per-tenant metrics)
     response_cache: Any = None  # service.response_cache.CacheFront, set by the server (its metrics)
+    prometheus_registry: Any = None  # prometheus_client registry of the metrics (setup.make_telemetry)
 
     def attach(self, engine: Any) -> None:
         """Called once the engine is built (before SERVING): route its hooks here."""

@@ -9,3 +9,14 @@ class BadRequest(ValueError):
     def __init__(self, message: str, status: str = "INVALID_ARGUMENT") -> None:
         super().__init__(message)
         self.status = status
+
+
+class Unavailable(Exception):
+    """Something the call needs (the batch job store) cannot serve it now: retry later.
+
+    Front ends answer UNAVAILABLE (gRPC) or 503 with ``Retry-After`` (HTTP) and
+    ``public_message``; ``str(exc)`` may name hosts or driver errors, so it is
+    logged, never sent.
+    """
+
+    public_message = "a service this call needs is unavailable; retry later"

@@ -97,14 +97,37 @@ def peer_identities(context: Any) -> list[str]:
     return out
 
 
+def has_role(tenant: Tenant, role: str) -> bool:
+    """``admin`` includes ``user``."""
+    return role in tenant.roles or "admin" in tenant.roles
+
+
 def _role_check(tenant: Tenant, method: str) -> Denial | None:
     needed = "admin" if method in ADMIN_METHODS else "user"
-    if needed in tenant.roles or "admin" in tenant.roles:
+    if has_role(tenant, needed):
         return None
     return (
         grpc.StatusCode.PERMISSION_DENIED,
         f"tenant {tenant.name!r} may not call {method} (needs role {needed})",
     )
+
+
+def authenticate(table: TenantTable, token: str | None, role: str, what: str) -> Credential | tuple[str, str]:
+    """The credential of ``token`` (constant-time lookup) if its tenant has ``role``, else (gRPC status name, why).
+
+    For front ends without a gRPC context (the HTTP API): the same rules as the
+    interceptor, ``what`` names the call in the PERMISSION_DENIED message and is
+    the credential's method (a running request re-checks it with ``recheck``).
+    """
+    if token is None:
+        return "UNAUTHENTICATED", "missing 'Authorization: Bearer <token>' header"
+    digest = token_digest(token)
+    tenant = table.by_digest(digest)
+    if tenant is None:
+        return "UNAUTHENTICATED", "invalid bearer token"
+    if not has_role(tenant, role):
+        return "PERMISSION_DENIED", f"tenant {tenant.name!r} may not call {what} (needs role {role})"
+    return Credential(tenant.name, what, digest=digest)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

@@ -16,7 +16,7 @@ from typing import Any
 
 from service.request.sequence import Sequence
 from service.scheduler.fair_share import FairShare
-from service.security.auth import AuthInterceptor, Credential, Denial
+from service.security.auth import AuthInterceptor, Credential, Denial, authenticate
 from service.security.quotas import TenantQuotas
 from service.security.tenants import ANONYMOUS, Tenant, TenantFile
 
@@ -47,6 +47,21 @@ class Tenancy:
             return []
         self.auth = AuthInterceptor(self.file, mtls=mtls)
         return [self.auth]
+
+    def http_tenant(self, path: str, token: str | None, role: str) -> Credential | tuple[str, str]:
+        """What an HTTP call on ``path`` runs as, or (gRPC status name, why) to refuse it.
+
+        ``anonymous`` (a credential without a token digest: nothing to re-check) without a
+        tenants file and on its ``open_http_paths``; else the bearer token's credential, whose
+        tenant needs ``role`` (as the gRPC interceptor decides). Every call looks the token up
+        in the file in force, so a revoked token is refused from its next call on.
+        """
+        if self.file is None:
+            return Credential(ANONYMOUS, path)
+        table = self.file.table  # NOTE: reloads a changed file first
+        if path in table.open_http_paths:
+            return Credential(ANONYMOUS, path)
+        return authenticate(table, token, role, path)
 
     def tenant(self, name: str) -> Tenant | None:
         return self.file.table.tenants.get(name) if self.file is not None else None

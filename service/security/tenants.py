@@ -4,6 +4,7 @@ JSON (or TOML when the name ends in ``.toml``)::
 
     {
       "open_services": ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"],
+      "open_http_paths": ["/health", "/metrics"],
       "tenants": {
         "team-a": {
           "token_sha256": ["<hex sha256 of a token>", "..."],
@@ -18,7 +19,10 @@ JSON (or TOML when the name ends in ``.toml``)::
 Only SHA-256 digests of tokens are stored, never tokens. ``identities`` are
 client-certificate identities (a SAN URI or the subject CN) that authenticate
 as the tenant without a token when mTLS is on. ``roles``: ``user`` may generate,
-``admin`` may also read GetMetrics. Quotas of 0 mean unlimited.
+``admin`` may also read GetMetrics (and ``/metrics`` of the HTTP API when it
+is not in ``open_http_paths``, which by default holds ``/health`` and
+``/metrics``: Prometheus and the inference gateway scrape without a token).
+Quotas of 0 mean unlimited.
 
 A file is refused (``TenantFileError``, one line naming the problem) when a
 tenant name appears twice, or when one token digest or one identity is listed
@@ -51,6 +55,7 @@ DEFAULT_OPEN_SERVICES = (
     "grpc.reflection.v1alpha.ServerReflection",
     "grpc.reflection.v1.ServerReflection",
 )
+DEFAULT_OPEN_HTTP_PATHS = ("/health", "/metrics")
 ROLES = ("user", "admin")
 
 
@@ -74,6 +79,7 @@ class Tenant:
 class TenantTable:
     tenants: dict[str, Tenant] = field(default_factory=dict)
     open_services: frozenset[str] = frozenset(DEFAULT_OPEN_SERVICES)
+    open_http_paths: frozenset[str] = frozenset(DEFAULT_OPEN_HTTP_PATHS)
 
     def by_token(self, token: str) -> Tenant | None:
         """The tenant owning ``token``; every digest is compared in constant time (no early exit)."""
@@ -184,7 +190,8 @@ def parse_table(text: str, toml: bool = False) -> TenantTable:
     tenants = {str(n): _tenant(str(n), t) for n, t in raw["tenants"].items()}
     _check_disjoint(tenants)
     open_services = frozenset(raw.get("open_services", DEFAULT_OPEN_SERVICES))
-    return TenantTable(tenants, open_services)
+    open_paths = frozenset(raw.get("open_http_paths", DEFAULT_OPEN_HTTP_PATHS))
+    return TenantTable(tenants, open_services, open_paths)
 
 
 class TenantFile:

@@ -6,6 +6,10 @@ for the configuration before each new handshake; it re-reads the files when
 their mtimes change, so a rotated certificate is served to new connections
 without a restart (open connections keep the one they were set up with).
 With ``client_ca``, client certificates are required and verified against it.
+
+``RotatingSSLContext`` does the same for the HTTP front end (``ssl`` module):
+its context's SNI callback, run on every ClientHello, swaps in a context
+loaded from the files when their mtimes changed.
 """
 
 from __future__ import annotations
@@ -76,3 +80,46 @@ def server_credentials(
         files.initial, files.fetch, require_client_authentication=files.require_client_auth
     )
     return creds, files
+
+
+class RotatingSSLContext:
+    """An ``ssl.SSLContext`` for an asyncio server over the same files, reloaded when they change.
+
+    ``context`` is what the server listens with; a failed reload (half-written
+    files) keeps the previous certificate, as ``CertificateFiles.fetch`` does.
+    """
+
+    def __init__(self, cert: str | Path, key: str | Path, client_ca: str | Path | None = None) -> None:
+        self.paths = [Path(cert), Path(key)] + ([Path(client_ca)] if client_ca else [])
+        self.require_client_auth = client_ca is not None
+        self._lock = threading.Lock()
+        self._stamp = self._mtimes()
+        self._current = self._load()  # unreadable files fail the start-up
+        self.context = self._load()
+        self.context.sni_callback = self._pick
+        self.rotations = 0
+
+    def _mtimes(self) -> tuple[int, ...]:
+        return tuple(os.stat(p).st_mtime_ns for p in self.paths)
+
+    def _load(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.paths[0], self.paths[1])
+        if self.require_client_auth:
+            ctx.load_verify_locations(self.paths[2])
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def _pick(self, sslobj: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        """SNI callback (every handshake): serve the newest loadable files."""
+        with self._lock:
+            try:
+                stamp = self._mtimes()
+                if stamp != self._stamp:
+                    self._current, self._stamp = self._load(), stamp
+                    self.rotations += 1
+                    log.info("TLS certificate files changed on disk: new HTTP connections use the new certificate")
+            except (OSError, ValueError) as exc:
+                log.warning("TLS files not reloaded for HTTP (keeping the current ones): %s", exc)
+            sslobj.context = self._current

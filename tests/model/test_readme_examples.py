@@ -3,8 +3,8 @@
 The examples are extracted from the README, so an edit there is tested here:
 
 * each ```python block runs (in a fresh namespace) with ``localhost:50051`` replaced by the test
-  server's address; it must print something, and a ``doc`` it defines must validate against
-  the ``schema`` it defines;
+  server's address (``localhost:8000``, an OpenAI SDK example, by its HTTP API's); it must print
+  something, and a ``doc`` it defines must validate against the ``schema`` it defines;
 * each ```sh block that holds an ``inference-client`` or ``grpcurl`` command runs command by
   command, in order, in a temporary directory (files one command writes are there for the
   next), through bash, with ``inference-client`` on PATH (this interpreter's
@@ -31,6 +31,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,12 @@ from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from tests.support.server import RunningServer, free_port, start_server
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 ADDRESS = "localhost:50051"  # the address the README's examples use
+HTTP_ADDRESS = "localhost:8000"  # ... and the OpenAI SDK examples (the HTTP API)
 TIMEOUT_S = 300
 
 
@@ -122,11 +126,22 @@ def test_readme_has_the_examples_this_file_runs() -> None:
 # --- python ---------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[RunningServer]:
+    srv = start_server(http_port=free_port())
+    yield srv
+    srv.close()
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: b.id)
-def test_python_example(block: Block, server: Any) -> None:
-    assert ADDRESS in block.text, f"README line {block.line}: the example should use {ADDRESS}"
-    code = block.text.replace(ADDRESS, server.target)
+def test_python_example(block: Block, request: pytest.FixtureRequest) -> None:
+    if HTTP_ADDRESS in block.text:
+        srv: RunningServer = request.getfixturevalue("http_server")
+        code = block.text.replace(HTTP_ADDRESS, f"127.0.0.1:{srv.server.http_port}")
+    else:
+        assert ADDRESS in block.text, f"README line {block.line}: the example should use {ADDRESS}"
+        code = block.text.replace(ADDRESS, request.getfixturevalue("server").target)
     namespace: dict[str, Any] = {"__name__": "__readme__"}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -68,9 +68,10 @@ def run_stream(channel: grpc.Channel, requests: list[pb.GenerateRequest], **kw: 
 class OpenStream:
     """A Generate stream whose requests are sent on demand (for cancel tests)."""
 
-    def __init__(self, channel: grpc.Channel, timeout: float | None = None) -> None:
+    def __init__(self, channel: grpc.Channel, timeout: float | None = None, metadata: Any = None) -> None:
         self._q: queue.Queue[pb.GenerateRequest | None] = queue.Queue()
-        self.call = pb_grpc.InferenceServiceStub(channel).Generate(iter(self._q.get, None), timeout=timeout)
+        stub = pb_grpc.InferenceServiceStub(channel)
+        self.call = stub.Generate(iter(self._q.get, None), timeout=timeout, metadata=metadata)
         self.events: queue.Queue[pb.GenerateResponse] = queue.Queue()
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()

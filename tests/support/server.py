@@ -10,6 +10,7 @@ asserted empty by ``assert_kv_clean``. The fixtures over these (``server``,
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ class RunningServer:
     """A server on its own loop thread; ``call`` runs a coroutine there."""
 
     config: ServerConfig
+    telemetry: Any = None  # service.observability.setup.make_telemetry(config), or the no-op default
     server: InferenceServer = field(init=False)
     loop: asyncio.AbstractEventLoop = field(init=False)
     violations: list[str] = field(default_factory=list)
@@ -37,7 +39,7 @@ class RunningServer:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self._thread.start()
-        self.server = InferenceServer(self.config)
+        self.server = InferenceServer(self.config, self.telemetry)
         self.call(self.server.start())
         assert self.server.engine is not None
         self.server.engine.step_hook = self._check
@@ -84,6 +86,7 @@ def server_config(**overrides: Any) -> ServerConfig:
         threads=2,
         # batch jobs of one test server never outlive it (tests/model/batch/test_batch.py uses files)
         batch_db=":memory:",
+        http_port=0,  # no HTTP API (tests/model/http/ pass a free port)
         # NOTE: off for the engine tests (a repeated greedy request would be replayed, identical ones
         # coalesced); the response-cache tests turn it on
         # (tests/model/response_cache/test_response_cache.py).
@@ -123,3 +126,10 @@ def assert_kv_clean(srv: RunningServer) -> None:
     kv = srv.engine.kv
     assert kv.num_used == 0, f"{kv.num_used} blocks still referenced after all requests ended"
     kv.check_integrity([])
+
+
+def free_port() -> int:
+    """A port free on loopback now (for servers whose flag has no "pick one" value, e.g. --http-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

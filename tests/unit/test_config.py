@@ -46,6 +46,8 @@ RULES: list[tuple[dict[str, Any], str]] = [
     ({"tls_cert": "a.crt"}, "--tls-cert and --tls-key go together"),
     ({"tls_key": "a.key"}, "--tls-cert and --tls-key go together"),
     ({"tls_client_ca": "ca.crt"}, "--tls-client-ca needs them"),
+    ({"http_port": 70000}, "--http-port must be in 0..65535 (0 = off) and differ from --port"),
+    ({"http_port": 50051, "port": 50051}, "--http-port must be in 0..65535 (0 = off) and differ from --port"),
 ]
 
 

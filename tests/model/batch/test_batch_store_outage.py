@@ -15,8 +15,11 @@ the database is back they are answered again, still draining.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +96,23 @@ def test_a_database_down_at_start_leaves_generate_serving_and_batch_unavailable_
             assert health(ch, BATCH) == "SERVING"
             job = create(stub, [gen(f"i{n}", PROMPTS[n % 4]) for n in range(4)])
             assert final(stub, job.id).counts.completed == 4
+    finally:
+        srv.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_http_batch_api_answers_503_with_a_retry_hint_while_the_database_is_down(late_db: PgCluster) -> None:
+    port = free_port()
+    srv: RunningServer = start_server(batch_db=late_db.url("postgres"), replica_id="solo", http_port=port)
+    try:
+        for method, path in (("GET", "/v1/batches/batch_x"), ("POST", "/v1/batches/batch_x/cancel")):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(request, timeout=30)
+            body = json.loads(err.value.read())
+            assert err.value.code == 503 and err.value.headers["Retry-After"] == "1", path
+            assert body["error"]["message"] == "the batch job store is unavailable; retry later", body
+            assert body["error"]["type"] == "service_unavailable_error", body
     finally:
         srv.close()
 

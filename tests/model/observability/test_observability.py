@@ -79,9 +79,14 @@ def test_tracing_off_is_the_noop_base(monkeypatch: pytest.MonkeyPatch) -> None:
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     ):
         monkeypatch.delenv(name, raising=False)
-    telemetry = make_telemetry(ServerConfig())
+    telemetry = make_telemetry(ServerConfig(http_port=0))
     assert type(telemetry) is Telemetry and not telemetry.enabled
     assert telemetry.server_interceptors() == []
+    served = make_telemetry(ServerConfig())  # the HTTP API (on by default) serves the metrics at /metrics
+    try:
+        assert served.prometheus_registry is not None
+    finally:
+        served.shutdown()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert type(make_telemetry(ServerConfig())) is Telemetry

@@ -1,0 +1,209 @@
+"""The ASGI application of the HTTP API (Starlette): routes, authentication, body limits, errors.
+
+Routes (docs/openai.md):
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed or not;
+* ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model;
+* the batch API (``service.http.batches``);
+* ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
+  (Prometheus text: today's ``inference_*`` series and the vLLM-named ones).
+
+Every request is authenticated like a gRPC call (the tenants file in force,
+bearer tokens compared in constant time; ``open_http_paths`` need none) and
+runs with ``CURRENT_TENANT`` and ``CURRENT_CREDENTIAL`` set, so the intake
+stamps its tenant on what it prepares and a running request is checked again
+as a Generate stream's are (a revoked token ends it UNAUTHENTICATED: a 401, or
+an error event in a started event stream).
+
+Every route names what it needs of the server (``Need``, the drain rule of
+``service.api.intake``): generation and batch creation need ``WORK`` (refused
+503 while loading, draining or after an engine failure, with the reason in
+the error's ``code`` and the ``inference-unavailable-reason`` header);
+``/v1/models`` needs ``MODEL``; files and batch reads ``STORE`` (always
+answered). ``/health`` answers 200 while work is taken, else 503 with the
+reason; ``/metrics`` is answered once the engine runs.
+Every failure is OpenAI's error object; an unexpected exception is a 500
+``server_error`` for that request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.api.intake import Intake, Need
+from service.http.answer import Answer, event_error
+from service.http.body import parse_json
+from service.http.config import HttpConfig
+from service.http.errors import ApiError, from_status
+from service.http.render import Choices
+from service.http.requests import parse_chat, parse_completion
+from service.http.run import Run, watch_disconnect
+from service.http.sse import EventStream
+from service.request.errors import Unavailable
+from service.request.events import LOADING
+from service.security.auth import CURRENT_CREDENTIAL, CURRENT_TENANT, bearer_token
+from service.security.tenancy import Tenancy
+
+log = logging.getLogger("service.http")
+
+
+class HttpApi:
+    """The routes over one intake; ``metrics`` is set once the engine runs (a prometheus_client registry)."""
+
+    def __init__(self, config: HttpConfig, intake: Intake, tenancy: Tenancy) -> None:
+        self.config, self.intake, self.tenancy = config, intake, tenancy
+        self.metrics: Any = None
+        self.created = int(time.time())
+
+    # -- shared checks ------------------------------------------------------------------------
+    def authorize(self, request: Request, role: str = "user") -> str:
+        """Authenticate the call against the tenants file in force and make its tenant and credential
+        current; raises ApiError 401/403."""
+        token = bearer_token([("authorization", request.headers.get("authorization", ""))])
+        verdict = self.tenancy.http_tenant(request.url.path, token, role)
+        if isinstance(verdict, tuple):
+            raise from_status(*verdict)
+        CURRENT_TENANT.set(verdict.tenant)
+        CURRENT_CREDENTIAL.set(verdict if verdict.digest is not None else None)  # None: nothing to re-check
+        return verdict.tenant
+
+    def ready(self, need: Need) -> None:
+        """Refuse the call (503, the reason as its code and header) when the drain rule says so."""
+        if (why := self.intake.unavailable(need)) is not None:
+            raise from_status("UNAVAILABLE", why.message, 1000, reason=why.reason)
+
+    def admit(self, request: Request, need: Need) -> str:
+        """``authorize`` then ``ready``: the caller's tenant, or ApiError 401/403/503."""
+        tenant = self.authorize(request)
+        self.ready(need)
+        return tenant
+
+    async def body(self, request: Request, limit: int) -> bytes:
+        """The request body, at most ``limit`` bytes (413 past it, before reading it all)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def model(self, name: Any) -> None:
+        if name != self.config.model_name:
+            raise ApiError(404, f"The model {name!r} does not exist (this server serves {self.config.model_name!r})",
+                           param="model", code="model_not_found")
+
+    # -- generation -----------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        self.admit(request, Need.WORK)
+        raw = parse_json(await self.body(request, self.config.max_body_bytes))
+        parse = parse_chat if chat else parse_completion
+        parsed = parse(raw, self.config.model_name, request.headers.get("x-priority"))
+        self.model(raw.get("model"))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        run = Run(self.intake, self.config.stream, rid, parsed.request)
+        watcher: asyncio.Task[None] | None = watch_disconnect(request.receive, run)
+        answer = Answer(Choices(parsed.output, rid), self.intake.grammar)
+        try:
+            if not parsed.output.stream:
+                result = await answer.complete(run)
+                return JSONResponse(result) if result is not None else Response(status_code=499)
+            first = await run.next()  # NOTE: the status line waits for the first event (a refusal is a 4xx)
+            if first is None:
+                return Response(status_code=499)  # the client left while its request waited
+            if first.WhichOneof("event") == "error":
+                raise event_error(first.error)
+            assert watcher is not None
+            response = EventStream(answer.stream(first, run), run, watcher)
+            watcher = None  # the response owns the watcher and the run now
+            return response
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                run.abort()
+
+    # -- models, health, metrics ---------------------------------------------------------------
+    def _model_object(self) -> dict[str, Any]:
+        return {"id": self.config.model_name, "object": "model", "created": self.created,
+                "owned_by": "cpu-inference-service"}
+
+    async def models(self, request: Request) -> Response:
+        self.admit(request, Need.MODEL)
+        return JSONResponse({"object": "list", "data": [self._model_object()]})
+
+    async def model_info(self, request: Request) -> Response:
+        self.admit(request, Need.MODEL)
+        self.model(request.path_params["model"])
+        return JSONResponse(self._model_object())
+
+    async def health(self, request: Request) -> Response:
+        self.admit(request, Need.WORK)  # NOTE: a readiness probe: 503 (with the reason) whenever work is refused
+        return JSONResponse({"status": "ok"})
+
+    async def prometheus(self, request: Request) -> Response:
+        self.authorize(request, role="admin")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        if self.metrics is None:
+            raise from_status("UNAVAILABLE", "model is loading; retry shortly", 1000, reason=LOADING)
+        text = await asyncio.to_thread(generate_latest, self.metrics)  # NOTE: never a scrape on the event loop
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.model_info, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ]
+
+
+async def _api_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+    return ApiError(exc.status_code, message).response()
+
+
+async def _unavailable(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Unavailable)
+    log.info("HTTP request answered 503: %s", exc)  # NOTE: the detail (hosts, driver errors) stays in the log
+    return from_status("UNAVAILABLE", exc.public_message).response()
+
+
+async def _crash(_request: Request, exc: Exception) -> Response:
+    log.exception("HTTP request failed", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error").response()
+
+
+def make_app(routes: list[Route]) -> Starlette:
+    """The Starlette application over ``routes`` with OpenAI-shaped errors."""
+    handlers: dict[Any, Any] = {
+        ApiError: _api_error, HTTPException: _http_error, Unavailable: _unavailable, Exception: _crash
+    }
+    return Starlette(routes=routes, exception_handlers=handlers)

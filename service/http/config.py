@@ -1,0 +1,25 @@
+"""The HTTP front end's settings (built from the server flags by ``service.assembly``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.api.generate_stream import StreamLimits
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """``port`` 0 binds a free port (the flag's 0, "off", is decided by the assembly)."""
+
+    host: str
+    port: int
+    model_name: str  # the id of /v1/models and the model a request must name
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    stream: StreamLimits = field(default_factory=StreamLimits)
+    max_body_bytes: int = 8 << 20  # a chat or completion request
+    max_file_bytes: int = 256 << 20  # an uploaded batch input file
+    files_db: str = ":memory:"  # uploaded files (SQLite; ":memory:" = not durable)
+    files_retention_s: float = 7 * 24 * 3600.0
+    graceful_close_s: float = 5.0  # after the server's drain, time left to open connections

@@ -1,0 +1,156 @@
+"""Engine events (``inference.v1`` protos) -> OpenAI chat.completion / text_completion objects.
+
+``Choices`` follows one request's events: text, log-probabilities and finish
+reasons per choice, and the usage of the whole request. The same state feeds
+a complete response (``response``) and stream chunks (``chunk_for``), so a
+streamed and an unstreamed answer can only differ in framing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.v1 import inference_pb2 as pb
+
+from service.http.requests import Output
+
+# NOTE: a JSON document closed early within its budget (json_finish, --json-finish close) is complete and
+# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it).
+FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CLOSED: "stop"}
+Json = dict[str, Any]
+
+
+def _token(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
+def chat_logprob(e: pb.TokenLogprob) -> Json:
+    """One position in a chat ``logprobs.content`` list (``bytes`` are exact, ``token`` decoded)."""
+    top = [{"token": _token(t.token), "logprob": t.logprob, "bytes": list(t.token)} for t in e.top_logprobs]
+    return {"token": _token(e.token), "logprob": e.logprob, "bytes": list(e.token), "top_logprobs": top}
+
+
+def completion_logprobs(entries: list[pb.TokenLogprob], offset: int) -> Json:
+    """A completions ``logprobs`` object (``text_offset`` counts characters from ``offset``)."""
+    tokens, offsets = [], []
+    for e in entries:
+        offsets.append(offset)
+        tokens.append(_token(e.token))
+        offset += len(tokens[-1])
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{_token(t.token): t.logprob for t in e.top_logprobs} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    logprobs: list[pb.TokenLogprob] = field(default_factory=list)
+    finish: str | None = None
+    tool_calls: list[Json] | None = None
+
+
+@dataclass
+class Choices:
+    """The per-choice state and usage of one request (see the module docstring)."""
+
+    output: Output
+    request_id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    choices: dict[int, Choice] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def get(self, index: int) -> Choice:
+        return self.choices.setdefault(index, Choice())
+
+    def add_delta(self, d: pb.Delta) -> Choice:
+        choice = self.get(d.choice_index)
+        choice.text += d.text
+        choice.logprobs.extend(d.logprobs)
+        return choice
+
+    def add_done(self, d: pb.Done) -> Choice:
+        choice = self.get(d.choice_index)
+        choice.finish = FINISH[d.finish_reason]
+        self.prompt_tokens = d.usage.prompt_tokens
+        self.completion_tokens += d.usage.completion_tokens
+        self.cached_tokens = max(self.cached_tokens, min(d.usage.cached_tokens, d.usage.prompt_tokens))
+        return choice
+
+    def usage(self) -> Json:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+    def _envelope(self, chunk: bool) -> Json:
+        if self.output.chat:
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.output.model}
+
+    def _logprobs(self, entries: list[pb.TokenLogprob], offset: int = 0) -> Json | None:
+        if self.output.logprobs is None:
+            return None
+        if self.output.chat:
+            return {"content": [chat_logprob(e) for e in entries], "refusal": None}
+        return completion_logprobs(entries, offset)
+
+    def _message(self, c: Choice) -> Json:
+        message: Json = {"role": "assistant", "content": None if c.tool_calls else c.text, "refusal": None}
+        if c.tool_calls:
+            message["tool_calls"] = c.tool_calls
+        return message
+
+    def response(self) -> Json:
+        """The complete (unstreamed) object."""
+        out = self._envelope(chunk=False)
+        rows = []
+        for i, c in sorted(self.choices.items()):
+            if self.output.chat:
+                rows.append({"index": i, "message": self._message(c), "logprobs": self._logprobs(c.logprobs),
+                             "finish_reason": c.finish})
+            else:
+                text = self.output.echo + c.text
+                rows.append({"index": i, "text": text, "logprobs": self._logprobs(c.logprobs, len(self.output.echo)),
+                             "finish_reason": c.finish})
+        out["choices"] = rows
+        out["usage"] = self.usage()
+        return out
+
+    def chunk(self, index: int, *, text: str = "", entries: list[pb.TokenLogprob] | None = None,
+              finish: str | None = None, first: bool = False, tool_calls: list[Json] | None = None,
+              offset: int = 0) -> Json:
+        """One stream chunk of choice ``index``."""
+        out = self._envelope(chunk=True)
+        logprobs = self._logprobs(entries or [], offset) if entries else None
+        if self.output.chat:
+            delta: Json = {"role": "assistant"} if first else {}
+            if text or first:
+                delta["content"] = text if not tool_calls else None
+            if tool_calls:
+                delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(tool_calls)]
+            row: Json = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            row = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        out["choices"] = [row]
+        if self.output.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self) -> Json:
+        """The last chunk with ``stream_options.include_usage``: no choices, the request's usage."""
+        out = self._envelope(chunk=True)
+        out["choices"] = []
+        out["usage"] = self.usage()
+        return out

@@ -1,0 +1,99 @@
+"""The HTTP front end as the server runs it: uvicorn in the gRPC server's own event loop.
+
+``HttpFrontEnd.start`` binds the socket (a taken port fails the start-up, as
+gRPC's does) and runs ``uvicorn.Server.serve`` as a task on the running loop:
+one process, one loop, one engine, no proxy. Requests before the model is
+loaded, while draining or after an engine failure are answered 503 by the
+intake's one ``unavailable`` check; ``stop`` closes the listener and gives
+open connections ``graceful_close_s`` (the server's drain has already let
+in-flight requests finish).
+
+TLS uses the gRPC port's files (``--tls-cert``/``--tls-key``, client
+certificates required with ``--tls-client-ca``), reloaded on change
+(``service.security.tls.RotatingSSLContext``). With mTLS a client certificate
+is required, but HTTP callers name their tenant with a bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from service.api.intake import Intake
+from service.http.app import HttpApi, make_app
+from service.http.batches import BatchJobs, BatchRoutes
+from service.http.config import HttpConfig
+from service.http.files import FileStore
+from service.security.tenancy import Tenancy
+from service.security.tls import RotatingSSLContext
+
+log = logging.getLogger("service.http")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: SIGTERM belongs to the service's drain."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpFrontEnd:
+    """The HTTP API of one server (see the module docstring)."""
+
+    def __init__(self, config: HttpConfig, intake: Intake, tenancy: Tenancy, jobs: BatchJobs | None = None) -> None:
+        self.config = config
+        self.api = HttpApi(config, intake, tenancy)
+        self.files = FileStore(config.files_db, config.files_retention_s)  # a bad path fails here
+        self.routes = self.api.routes()
+        if jobs is not None:
+            self.routes += BatchRoutes(self.api, jobs, self.files).routes()
+        self.tls = RotatingSSLContext(config.tls_cert, config.tls_key, config.tls_client_ca or None) \
+            if config.tls_cert else None
+        self.server: _Server | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    def _uvicorn_config(self) -> uvicorn.Config:
+        tls: Any = None
+        if self.tls is not None:
+            context = self.tls.context
+            tls = lambda _config, _default: context  # noqa: E731
+        return uvicorn.Config(
+            make_app(self.routes), lifespan="off", log_config=None, access_log=False, server_header=False,
+            timeout_graceful_shutdown=int(self.config.graceful_close_s), ssl_context_factory=tls,
+            # NOTE: a bare h11 protocol; keep-alive connections stay open across requests
+            http="h11", ws="none",
+        )
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port (OSError if it is taken)."""
+        sock = socket.create_server((self.config.host, self.config.port), family=_family(self.config.host),
+                                    backlog=2048, reuse_port=False)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        self.server = _Server(self._uvicorn_config())
+        self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
+        scheme = "https" if self.tls is not None else "http"
+        log.info("HTTP API (OpenAI-compatible) on %s://%s:%d/v1", scheme, self.config.host, self.port)
+        return self.port
+
+    def attach(self, metrics: Any) -> None:
+        """The engine runs: ``/metrics`` serves ``metrics`` (a prometheus_client registry)."""
+        self.api.metrics = metrics
+
+    async def stop(self) -> None:
+        if self.server is not None and self.task is not None:
+            self.server.should_exit = True
+            await asyncio.gather(self.task, return_exceptions=True)
+        self.files.close()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,0 +1,110 @@
+"""The model-server-protocol metrics under vLLM's names, for the inference gateway and autoscalers.
+
+The Gateway API Inference Extension's endpoint picker (and llm-d, and common
+KEDA recipes) read a model server's load from a few Prometheus series named as
+vLLM names them. ``ModelServerCollector`` is a ``prometheus_client`` collector
+that computes them at each scrape from the engine's own state, so they are in
+step with GetMetrics and the ``inference_*`` series:
+
+* ``vllm:num_requests_waiting``  gauge: requests queued (GetMetrics ``waiting``);
+* ``vllm:num_requests_running``  gauge: sequences in the running batch (<= ``--max-running``);
+* ``vllm:kv_cache_usage_perc``   gauge: fraction 0-1 of KV blocks referenced by running
+  sequences (cached prefix blocks nobody references are free to evict: not counted);
+* ``vllm:cache_config_info``     gauge 1 with labels ``block_size`` and ``num_gpu_blocks``
+  (the KV pool's blocks: the prefix-cache scorer's page size and capacity);
+* ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total``,
+  ``vllm:request_success_total{finished_reason}`` counters (``stop`` counts JSON documents
+  closed within their budget too, ``length`` those cut off);
+* ``vllm:time_to_first_token_seconds``, ``vllm:e2e_request_latency_seconds``,
+  ``vllm:request_queue_time_seconds``, ``vllm:time_per_output_token_seconds`` histograms
+  (``EngineMetrics.histograms``, recorded when a request ends in the engine).
+
+Every series carries ``model_name``. Scrapes run on the scraping thread; they
+read gauges as they are (``len`` of the scheduler's lists) and counters under
+the metrics lock, never stopping the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+HISTOGRAMS = {
+    "ttft": ("vllm:time_to_first_token_seconds", "time from arrival to the first generated token"),
+    "e2e": ("vllm:e2e_request_latency_seconds", "time from arrival to the end of a completed request"),
+    "queue": ("vllm:request_queue_time_seconds", "time from arrival to the first engine step that ran it"),
+    "tpot": ("vllm:time_per_output_token_seconds", "mean time per generated token after the first"),
+}
+
+
+class EngineView(Protocol):
+    """What the collector reads of the engine (``service.continuous_batcher.Engine`` has it)."""
+
+    @property
+    def scheduler(self) -> Any: ...  # .running, .waiting, .preemptions
+    @property
+    def kv(self) -> Any: ...  # .num_used, .num_blocks, .block_size
+    @property
+    def metrics(self) -> Any: ...  # EngineMetrics: .cumulative()
+
+
+def _histogram(name: str, doc: str, snap: tuple[tuple[float, ...], list[int], float], model: str) -> Metric:
+    bounds, counts, total = snap
+    buckets, running = [], 0
+    for bound, n in zip((*[repr(float(b)) for b in bounds], "+Inf"), counts, strict=True):
+        running += n
+        buckets.append((bound, running))
+    family = HistogramMetricFamily(name, doc, labels=["model_name"])
+    family.add_metric([model], buckets, total)
+    return family
+
+
+class ModelServerCollector(Collector):
+    """vLLM-named series of one engine; register it on the registry ``/metrics`` serves."""
+
+    def __init__(self, engine: EngineView, model_name: str) -> None:
+        self.engine = engine
+        self.model = model_name
+
+    def _gauge(self, name: str, doc: str, value: float) -> Metric:
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([self.model], value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> Metric:
+        family = CounterMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([self.model], value)
+        return family
+
+    def collect(self) -> Iterator[Metric]:
+        sched, kv = self.engine.scheduler, self.engine.kv
+        yield self._gauge("vllm:num_requests_waiting", "requests waiting to run", len(sched.waiting))
+        yield self._gauge("vllm:num_requests_running", "requests in the running batch", len(sched.running))
+        usage = kv.num_used / kv.num_blocks if kv.num_blocks else 0.0
+        yield self._gauge("vllm:kv_cache_usage_perc", "fraction of KV blocks in use (0-1)", min(1.0, usage))
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "KV cache configuration", labels=["model_name", "block_size", "num_gpu_blocks"]
+        )
+        info.add_metric([self.model, str(kv.block_size), str(kv.num_blocks)], 1.0)
+        yield info
+        yield from self._counters(dict(sched.preemptions))
+
+    def _counters(self, preemptions: dict[Any, int]) -> Iterator[Metric]:
+        c = self.engine.metrics.cumulative()
+        # NOTE: CounterMetricFamily appends "_total" to names that lack it; these already end in it.
+        yield self._counter("vllm:prompt_tokens_total", "prompt tokens of accepted requests", c["prompt_tokens"])
+        yield self._counter("vllm:generation_tokens_total", "tokens generated", c["generated_tokens"])
+        yield self._counter("vllm:num_preemptions_total", "preemptions", sum(preemptions.values()))
+        success = CounterMetricFamily(
+            "vllm:request_success_total", "requests finished in the engine", labels=["model_name", "finished_reason"]
+        )
+        done = c["finished_by_reason"]
+        # NOTE: a JSON document closed within its budget ("closed") ended complete: vLLM's "stop"
+        success.add_metric([self.model, "stop"], done.get("stop", 0) + done.get("closed", 0))
+        success.add_metric([self.model, "length"], done.get("length", 0))
+        yield success
+        for key, (name, doc) in HISTOGRAMS.items():
+            yield _histogram(name, doc, c["histograms"][key], self.model)
