@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from service.api.generate_stream import StreamLimits
+from service.batch.open_store import parse_batch_db
 from service.batch.service import BatchConfig
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
@@ -89,13 +91,13 @@ def served_model_name(config: ServerConfig) -> str:
 def http_config(config: ServerConfig) -> HttpConfig | None:
     """The HTTP front end's settings (None: ``--http-port 0``, no HTTP API).
 
-    Uploaded batch input files live beside the batch store (``data/batch.db`` ->
-    ``data/batch-files.db``; in memory when the store is).
+    Uploaded batch input files live where the batch store does: beside a SQLite store
+    (``data/batch.db`` -> ``data/batch-files.db``; in memory when the store is), in the database of a
+    PostgreSQL store (shared by the replicas, as the jobs are).
     """
     if not config.http_port:
         return None
-    db = config.batch_db
-    files = ":memory:" if db == ":memory:" else str(Path(db).with_name(Path(db).stem + "-files.db"))
+    files_store, files_db = files_location(config.batch_db)
     return HttpConfig(
         host=config.host,
         port=config.http_port,
@@ -104,6 +106,19 @@ def http_config(config: ServerConfig) -> HttpConfig | None:
         tls_key=config.tls_key,
         tls_client_ca=config.tls_client_ca,
         stream=stream_limits(config),
-        files_db=files,
+        files_store=files_store,
+        files_db=files_db,
         files_retention_s=config.batch_retention_hours * 3600,
     )
+
+
+def files_location(batch_db: str) -> tuple[Literal["sqlite", "postgres"], str]:
+    """Where the HTTP API keeps uploaded files for ``--batch-db``: ("postgres", the URL) for a PostgreSQL
+    store, else ("sqlite", the path beside the store's file, or ":memory:")."""
+    target = parse_batch_db(batch_db)
+    if target.kind == "postgres":
+        return "postgres", target.location
+    if target.location == ":memory:":
+        return "sqlite", ":memory:"
+    path = Path(target.location)
+    return "sqlite", str(path.with_name(path.stem + "-files.db"))

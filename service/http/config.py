@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from service.api.generate_stream import StreamLimits
 
@@ -20,6 +21,9 @@ class HttpConfig:
     stream: StreamLimits = field(default_factory=StreamLimits)
     max_body_bytes: int = 8 << 20  # a chat or completion request
     max_file_bytes: int = 256 << 20  # an uploaded batch input file
-    files_db: str = ":memory:"  # uploaded files (SQLite; ":memory:" = not durable)
+    # uploaded files: files_store "sqlite" (files_db a path; ":memory:" = not durable) or "postgres" (files_db
+    # the shared database's URL: not in the repr, it may hold a password)
+    files_store: Literal["sqlite", "postgres"] = "sqlite"
+    files_db: str = field(default=":memory:", repr=False)
     files_retention_s: float = 7 * 24 * 3600.0
     graceful_close_s: float = 5.0  # after the server's drain, time left to open connections

@@ -1,10 +1,22 @@
-"""Uploaded files of the HTTP batch API (``POST /v1/files``, purpose ``batch``), kept in SQLite.
+"""Uploaded files of the HTTP batch API (``POST /v1/files``, purpose ``batch``).
+
+``FileStore`` is what the routes need (``service.http.batches``); two stores
+implement it and pass the same contract tests
+(tests/unit/http/test_file_store_contract.py):
+
+* ``SqliteFileStore`` (here): one server's files, in SQLite beside a SQLite
+  ``--batch-db`` (``":memory:"`` keeps them for the process's life only);
+* ``PgFileStore`` (``service.http.files_pg``): the files in the PostgreSQL
+  database of a shared ``--batch-db``, so a file uploaded through one replica
+  is seen by every other.
 
 Contract: a file belongs to the tenant that uploaded it (another tenant's id
-is absent: None); ``put`` has committed when it returns; files older than
-``retention_s`` are deleted (checked at each upload). Every call runs on one
-dedicated thread, so the event loop never waits on the disk. ``":memory:"``
-keeps files for the process's life only.
+is absent: None, and deleting it is False); ``put`` has committed when it
+returns; files older than ``retention_s`` are deleted (checked at each upload).
+A store that cannot be reached now raises ``FilesUnavailable`` (an
+``Unavailable``: the HTTP API answers 503 with Retry-After), never another
+error. Every call runs on the store's own threads, so the event loop never
+waits on the disk or the database.
 """
 
 from __future__ import annotations
@@ -14,10 +26,13 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from service.request.errors import Unavailable
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
@@ -37,10 +52,31 @@ class FileRecord:
                 "filename": self.filename, "purpose": self.purpose, "status": "processed", "expires_at": None}
 
 
-class FileStore:
-    """See the module docstring."""
+def new_record(filename: str, purpose: str, data: bytes, now: float) -> FileRecord:
+    """The record of a file being uploaded now (a fresh id)."""
+    return FileRecord("file-" + uuid.uuid4().hex, filename, purpose, len(data), now)
 
-    def __init__(self, path: str, retention_s: float) -> None:
+
+class FilesUnavailable(Unavailable):
+    """The file store cannot be reached now (database down, no pooled connection in time): retry later."""
+
+    public_message = "the file store is unavailable; retry later"
+
+
+class FileStore(Protocol):
+    """The uploaded files of every tenant (see the module docstring)."""
+
+    async def put(self, tenant: str, filename: str, purpose: str, data: bytes) -> FileRecord: ...
+    async def get(self, tenant: str, file_id: str) -> FileRecord | None: ...
+    async def content(self, tenant: str, file_id: str) -> bytes | None: ...
+    async def delete(self, tenant: str, file_id: str) -> bool: ...
+    def close(self) -> None: ...
+
+
+class SqliteFileStore:
+    """``FileStore`` in one SQLite file (or ``":memory:"``), on one dedicated thread."""
+
+    def __init__(self, path: str, retention_s: float, clock: Callable[[], float] = time.time) -> None:
         try:
             if path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -51,12 +87,13 @@ class FileStore:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="http-files")
         self.retention_s = retention_s
+        self.clock = clock
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def _put(self, tenant: str, filename: str, purpose: str, data: bytes) -> FileRecord:
-        record = FileRecord("file-" + uuid.uuid4().hex, filename, purpose, len(data), time.time())
+        record = new_record(filename, purpose, data, self.clock())
         with self._lock:
             self._db.execute("DELETE FROM files WHERE created_at < ?", (record.created_at - self.retention_s,))
             self._db.execute(

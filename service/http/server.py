@@ -29,7 +29,7 @@ from service.api.intake import Intake
 from service.http.app import HttpApi, make_app
 from service.http.batches import BatchJobs, BatchRoutes
 from service.http.config import HttpConfig
-from service.http.files import FileStore
+from service.http.files import FileStore, SqliteFileStore
 from service.security.tenancy import Tenancy
 from service.security.tls import RotatingSSLContext
 
@@ -50,7 +50,7 @@ class HttpFrontEnd:
     def __init__(self, config: HttpConfig, intake: Intake, tenancy: Tenancy, jobs: BatchJobs | None = None) -> None:
         self.config = config
         self.api = HttpApi(config, intake, tenancy)
-        self.files = FileStore(config.files_db, config.files_retention_s)  # a bad path fails here
+        self.files = open_files(config)  # a bad SQLite path fails here; a PostgreSQL store connects later
         self.routes = self.api.routes()
         if jobs is not None:
             self.routes += BatchRoutes(self.api, jobs, self.files).routes()
@@ -93,6 +93,15 @@ class HttpFrontEnd:
             self.server.should_exit = True
             await asyncio.gather(self.task, return_exceptions=True)
         self.files.close()
+
+
+def open_files(config: HttpConfig) -> FileStore:
+    """The uploaded files' store: in the shared PostgreSQL database of the batch store, else in SQLite."""
+    if config.files_store == "postgres":
+        from service.http.files_pg import PgFileStore  # psycopg only when used
+
+        return PgFileStore(config.files_db, config.files_retention_s)
+    return SqliteFileStore(config.files_db, config.files_retention_s)
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -113,6 +113,21 @@ def test_the_http_batch_api_answers_503_with_a_retry_hint_while_the_database_is_
             assert err.value.code == 503 and err.value.headers["Retry-After"] == "1", path
             assert body["error"]["message"] == "the batch job store is unavailable; retry later", body
             assert body["error"]["type"] == "service_unavailable_error", body
+        # the uploaded files live in the same database: their routes answer 503 too, never a 500
+        boundary = "b0undary"
+        upload = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+                  f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+                  f"Content-Type: application/jsonl\r\n\r\n{{}}\r\n--{boundary}--\r\n").encode()
+        for method, path, data in (("POST", "/v1/files", upload), ("GET", "/v1/files/file-x", None),
+                                   ("GET", "/v1/files/file-x/content", None), ("DELETE", "/v1/files/file-x", None)):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                             headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(request, timeout=30)
+            body = json.loads(err.value.read())
+            assert err.value.code == 503 and err.value.headers["Retry-After"] == "1", (method, path, body)
+            assert body["error"]["message"] == "the file store is unavailable; retry later", body
+            assert str(late_db.port) not in json.dumps(body), body
     finally:
         srv.close()
 
