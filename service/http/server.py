@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.api.intake import Intake
 from service.http.app import HttpApi, make_app
@@ -42,6 +43,22 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class NoDelayH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol on a socket with ``TCP_NODELAY`` set.
+
+    NOTE: the accepted sockets came without it (measured: 0), so Nagle held each
+    stream's first event until the client's delayed ACK of the status line, 40 ms
+    later: a streamed answer's first token reached the client ~40 ms after the
+    same token over gRPC.
+    """
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)  # type: ignore[arg-type]
 
 
 class HttpFrontEnd:
@@ -69,7 +86,7 @@ class HttpFrontEnd:
             make_app(self.routes), lifespan="off", log_config=None, access_log=False, server_header=False,
             timeout_graceful_shutdown=int(self.config.graceful_close_s), ssl_context_factory=tls,
             # NOTE: a bare h11 protocol; keep-alive connections stay open across requests
-            http="h11", ws="none",
+            http=NoDelayH11Protocol, ws="none",
         )
 
     async def start(self) -> int:
