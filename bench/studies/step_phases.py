@@ -1,6 +1,6 @@
 """Where an engine step's time goes, at several concurrencies and on several models.
 
-``python -m bench.studies.step_phases [--model M ...] [--streams 1,16,32] [--threads 2] [--fixed-threads]``
+``python -m bench.studies.step_phases [--model M ...] [--streams 1,16,32] [--threads 2] [--fixed-threads] [--flag=--no-speculative]``
 
 For each model one server runs (``--max-running 32``; adaptive threads unless
 ``--fixed-threads``); for each concurrency C, C closed-loop clients send scenario
@@ -63,15 +63,16 @@ async def cell(target: str, model: Path, c: int) -> dict[str, Any]:
     return {"tok_s": round(row["tok_s"] or 0.0, 1), "failed": row["failed"], **phases_delta(before, after)}
 
 
-def run_model(model: Path, streams: list[int], threads: int, fixed: bool) -> list[dict[str, Any]]:
-    flags = ["--max-running", "32"] + (["--no-adaptive-threads"] if fixed else [])
+def run_model(model: Path, streams: list[int], threads: int, fixed: bool, extra: list[str]) -> list[dict[str, Any]]:
+    flags = ["--max-running", "32"] + (["--no-adaptive-threads"] if fixed else []) + extra
     rows = []
     with GrpcServer(f"step-phases-{model.stem}", model, *flags, threads=threads) as srv:
         asyncio.run(cell(srv.target, model, 1))  # warm-up
         for c in streams:
             load = os.getloadavg()[0]
             mark = srv.log_path.stat().st_size
-            row = {"model": model.name, "streams": c, "loadavg_1m": round(load, 2), **asyncio.run(cell(srv.target, model, c))}
+            row = {"model": model.name, "flags": extra, "streams": c, "loadavg_1m": round(load, 2),
+                   **asyncio.run(cell(srv.target, model, c))}
             with srv.log_path.open("rb") as f:
                 f.seek(mark)
                 row["thread_switches"] = SWITCH.findall(f.read().decode(errors="replace"))
@@ -86,10 +87,11 @@ def main() -> None:
     ap.add_argument("--streams", default="1,16,32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fixed-threads", action="store_true")
+    ap.add_argument("--flag", action="append", default=[], help="an extra server flag (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "extra" / "step_phases.json")
     args = ap.parse_args()
     streams = [int(x) for x in args.streams.split(",")]
-    rows = [r for m in args.model or [DEFAULT_MODEL] for r in run_model(m, streams, args.threads, args.fixed_threads)]
+    rows = [r for m in args.model or [DEFAULT_MODEL] for r in run_model(m, streams, args.threads, args.fixed_threads, args.flag)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"study": "step_phases", "threads": args.threads, "rows": rows}, indent=1) + "\n")
 
