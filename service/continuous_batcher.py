@@ -29,6 +29,7 @@ from service.engine.token_appender import TokenAppender
 from service.engine.watchdog import Watchdog
 from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
+from service.observability.step_clock import StepClock
 from service.observability.telemetry import Telemetry
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
@@ -88,7 +89,8 @@ class Engine:
         self.kv = kv
         self.config = config
         self.metrics = metrics or EngineMetrics()
-        self.model = ModelStep(runner, self.metrics, telemetry or Telemetry(), runner.vocab.token_bytes)
+        self.clock = StepClock()  # where each step's time goes (GetMetrics step_phases)
+        self.model = ModelStep(runner, self.metrics, telemetry or Telemetry(), runner.vocab.token_bytes, self.clock)
         self.model.mask_batch = mask_batch
         self.eog_ids = runner.vocab.eog_ids
         self._appender = TokenAppender(self.eog_ids, runner.vocab.token_bytes)
@@ -309,6 +311,8 @@ class Engine:
 
     def step(self) -> None:
         """(propose) -> plan -> forward -> mask -> sample -> (verify) -> update -> emit."""
+        clock = self.clock
+        clock.start()
         self.speculator.propose(self.scheduler)
         plan = self.scheduler.schedule()
         expired = "deadline expired while the request was queued"
@@ -317,14 +321,17 @@ class Engine:
         if not plan.items:
             self.runner.apply_kv_ops(plan.kv_ops)
             self._dispatch(events)
+            clock.stop()  # NOTE: a step without a decode is not a step of the breakdown
             if not plan.expired and not plan.failed:
                 time.sleep(0.001)
             return
         self._current = plan
         self._note_plan(plan)
         self.runner.apply_kv_ops(plan.kv_ops)
-        logits, sampling, drafted = self.model.forward(plan)
+        clock.lap("plan")
+        logits, sampling, drafted = self.model.forward(plan)  # laps "batch" and "decode"
         sampled = self.model.sample(sampling, logits)
+        clock.lap("sample")
         accepted = self.speculator.verify(drafted)
         if accepted:
             self.metrics.on_generated(sum(len(t) for t in accepted.values()))
@@ -333,7 +340,10 @@ class Engine:
         if self._appender.forced:
             self.metrics.on_mask(0.0, 0, self._appender.forced)
             self._appender.forced = 0
+        clock.lap("update")
         self._emit(plan, sampled, finished, events)
+        clock.lap("emit")
+        clock.stop()
         if self.step_hook is not None:
             self.step_hook(self)
 

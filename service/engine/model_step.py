@@ -21,6 +21,7 @@ from service.model.penalties import penalize_rows
 from service.model.runner import ModelRunner
 from service.model.sampling import sample_rows_guarded
 from service.observability.engine_metrics import EngineMetrics
+from service.observability.step_clock import StepClock
 from service.observability.telemetry import Telemetry
 from service.request.constraints import Matcher
 from service.request.sequence import Sequence
@@ -43,9 +44,15 @@ class ModelStep:
     """Decode and sample for the engine; ``mask_batch`` and ``logits_hook`` may be set later."""
 
     def __init__(
-        self, runner: ModelRunner, metrics: EngineMetrics, telemetry: Telemetry, token_bytes: Seq[bytes]
+        self,
+        runner: ModelRunner,
+        metrics: EngineMetrics,
+        telemetry: Telemetry,
+        token_bytes: Seq[bytes],
+        clock: StepClock | None = None,
     ) -> None:
         self.runner = runner
+        self.clock = clock or StepClock()
         self.metrics = metrics
         self.telemetry = telemetry
         self.token_bytes = token_bytes
@@ -68,9 +75,10 @@ class ModelStep:
             want.extend([1] * n if item.echo or item.draft else [0] * (n - 1) + [1 if item.sample else 0])
             if item.sample and not item.draft:
                 sampling.append(seq)
-        logits = self.runner.decode(
-            np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want)
-        )
+        args = (np.asarray(toks), np.concatenate(pos), np.asarray(lanes), np.asarray(want))
+        self.clock.lap("batch")
+        logits = self.runner.decode(*args)
+        self.clock.lap("decode")
         prefill = sum(i.num_tokens for i in plan.items if not i.draft and (not i.sample or i.num_tokens > 1))
         self.metrics.on_step(len(plan.items), prefill, len(sampling))
         if not any(i.echo or i.draft for i in plan.items):

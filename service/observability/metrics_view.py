@@ -131,4 +131,10 @@ def metrics_response(
         model=engine.runner.model_path.name,
         tenants=tenant_metrics(tenancy),
         response_cache=response_cache,
+        step_phases=_step_phases(engine),
     )
+
+
+def _step_phases(engine: Any) -> pb.StepPhases:
+    times = engine.clock.snapshot()
+    return pb.StepPhases(steps=times.steps, seconds_total=times.seconds)

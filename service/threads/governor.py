@@ -22,7 +22,8 @@ rising to ``slowdown`` x its uncontended level, and outside signals
 (``signal``) starting while on the full count or ending while on the reduced
 one. A full-count step ``collapse`` x its uncontended level (the barrier stall
 makes a step take seconds) switches to the reduced count at once, without a
-probe, whatever the outside signal says.
+probe, unless the outside signal says the machine is quiet: then it probes
+(see ``_on_collapse``).
 
 Not thread-safe: the engine thread calls ``observe`` after every step.
 """
@@ -75,6 +76,7 @@ class _Probe:
     started: float
     ratios: list[float] = field(default_factory=list)
     steps: int = 0
+    rebase: bool = False  # a lost probe makes the full count's recent step times its new baseline
 
 
 class ThreadGovernor:
@@ -119,7 +121,7 @@ class ThreadGovernor:
                 self._probe_soon(now)
             self._slow = slow
             if self._collapsed(b, seconds):
-                return self._drop(now)
+                return self._on_collapse(now)
         self._recent.append((b, now))
         if now >= self._next_probe and self._steady(b, now) and not self._quiet():
             other = self.config.reduced if self.chosen == self.config.full else self.config.full
@@ -187,6 +189,25 @@ class ThreadGovernor:
         base = self._baseline.get(b)
         return base is not None and seconds > self.config.collapse * base
 
+    def _on_collapse(self, now: float) -> Change | None:
+        """A collapsed full-count step: drop at once, unless the outside signal says quiet.
+
+        NOTE: with nobody else on the CPU no barrier can stall, and a step far above the
+        bucket's uncontended level is the workload's own growth (at 32 streams each row's
+        attention spans every running sequence's cells, so same-size steps get several
+        times slower as contexts grow; that dropped a quiet server to 1 thread). Then a
+        probe decides (a neighbour the signal has not seen yet still loses it to the
+        reduced count within a few steps), and a lost probe re-learns the baseline. The
+        probe keeps the usual backoff, so repeated false collapses cost a few steps per
+        ``max_interval_s`` at most.
+        """
+        if self._outside is not False:
+            return self._drop(now)
+        if now < self._next_probe:
+            return None
+        self._probe = _Probe(self.config.reduced, started=now, rebase=True)
+        return Change(self.config.reduced, False, "probe (steps slowed, machine quiet)")
+
     def _drop(self, now: float) -> Change:
         """Switch to the reduced count at once (probes of the full count verify it later)."""
         self._probe = _Probe(self.config.reduced, started=now)
@@ -236,7 +257,11 @@ class ThreadGovernor:
             self._interval = cfg.min_interval_s
             # NOTE: the chosen count's old step times are stale now (contention changed).
             self._ewma = {k: v for k, v in self._ewma.items() if k[0] != self.chosen}
-        elif backoff:
-            self._interval = min(self._interval * 2, cfg.max_interval_s)
+        else:
+            if probe.rebase:
+                full = {k[1]: v[0] for k, v in self._ewma.items() if k[0] == cfg.full}
+                self._baseline = {b: max(base, full.get(b, base)) for b, base in self._baseline.items()}
+            if backoff:
+                self._interval = min(self._interval * 2, cfg.max_interval_s)
         self._next_probe = now + (self._interval if backoff else cfg.min_interval_s)
         return Change(self.chosen, won, reason)

@@ -209,6 +209,16 @@ def _assert_deltas(before: Any, after: Any, dones: dict[str, pb.Done]) -> None:
     steps = {b.sequences: b.steps for b in before.batch_sizes}
     grown = sum(b.steps - steps.get(b.sequences, 0) for b in after.batch_sizes)
     assert grown == after.engine_steps_total - before.engine_steps_total > 0
+    _assert_step_phases(before, after)
+
+
+def _assert_step_phases(before: Any, after: Any) -> None:
+    """Every decode step is timed once, and llama.cpp's share and the Python phases all grew."""
+    b, a = before.step_phases, after.step_phases
+    assert a.steps - b.steps == after.engine_steps_total - before.engine_steps_total
+    assert set(a.seconds_total) == {"plan", "batch", "decode", "sample", "update", "emit"}
+    grown = {k: a.seconds_total[k] - b.seconds_total.get(k, 0.0) for k in a.seconds_total}
+    assert all(v > 0 for v in grown.values()), grown
     kv = after.kv
     assert kv.blocks_used == 0 and kv.blocks_used + kv.blocks_cached + kv.blocks_free == kv.blocks_total
     assert after.uptime_s > before.uptime_s and after.model == DEFAULT_MODEL.name

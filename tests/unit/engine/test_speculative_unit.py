@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine.speculator import COOLDOWN_STEPS, SpecConfig, Speculator
+from service.engine.speculator import COOLDOWN_STEPS, MAX_COOLDOWN_STEPS, SpecConfig, Speculator
 from service.model.sampling import distribution
 from service.model.speculative import propose, verify_greedy, verify_sampled
 from service.request.sequence import SamplingParams, SeqStatus, Sequence
@@ -111,3 +111,27 @@ def test_no_drafts_while_more_sequences_run_than_allowed() -> None:
     a, b = _decoding([1, 2, 1, 2]), _decoding([3, 4, 3, 4])
     spec.propose(_Sched([a, b]))  # type: ignore[arg-type]
     assert a.num_draft == b.num_draft == 0
+
+
+def test_cooldown_doubles_with_each_outright_rejection_in_a_row_and_resets_on_a_kept_token() -> None:
+    spec = Speculator(SpecConfig(enabled=True, tokens=6, max_running=1))
+    seq = _decoding([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2])
+
+    def idle_steps_before_next_draft() -> int:
+        steps = 0
+        while True:
+            spec.propose(_Sched([seq]))  # type: ignore[arg-type]
+            if seq.num_draft:
+                seq.drop_drafts()
+                return steps
+            steps += 1
+
+    pauses = []
+    for _ in range(8):
+        spec._adapt(seq.uid, 1, 0)
+        pauses.append(idle_steps_before_next_draft())
+    assert pauses == [8, 16, 32, 64, 128, 256, 512, 512]
+    assert MAX_COOLDOWN_STEPS == 512
+    spec._adapt(seq.uid, 1, 1)  # one kept token: the streak is over
+    spec._adapt(seq.uid, 3, 0)
+    assert idle_steps_before_next_draft() == COOLDOWN_STEPS

@@ -1,0 +1,100 @@
+"""Where an engine step's time goes, at several concurrencies and on several models.
+
+``python -m bench.studies.step_phases [--model M ...] [--streams 1,16,32] [--threads 2] [--fixed-threads] [--flag=--no-speculative]``
+
+For each model one server runs (``--max-running 32``; adaptive threads unless
+``--fixed-threads``); for each concurrency C, C closed-loop clients send scenario
+A's requests (30-60-token prompts, 64 greedy tokens, ``A_PER_CLIENT`` each), and
+GetMetrics before and after gives the steps, the generated tokens and the seconds
+of each step phase (``GetMetrics.step_phases``: plan, batch, decode inside
+llama.cpp, sample, update, emit). The result: ms per step and share of each
+phase, tokens per step, tok/s, the 1-minute load average before the cell, and the
+compute-thread count the server logged as chosen (a governor switch shows here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from inference.v1 import inference_pb2 as pb
+
+from bench.harness.config import DEFAULT_MODEL, ROOT
+from bench.harness.grpc_load import channel, closed_loop, get_metrics, summarize
+from bench.harness.procs import GrpcServer
+from bench.harness.prompts import PromptMaker
+
+MAX_TOKENS = 64
+PER_CLIENT = {1: 8, 4: 4, 8: 3, 16: 2, 32: 2}
+SWITCH = re.compile(r"compute threads now (\d+) \((up|down)")
+
+
+def phases_delta(before: pb.GetMetricsResponse, after: pb.GetMetricsResponse) -> dict[str, Any]:
+    """Per-step ms and share of each phase between two GetMetrics responses."""
+    steps = after.step_phases.steps - before.step_phases.steps
+    secs = {k: v - before.step_phases.seconds_total.get(k, 0.0) for k, v in after.step_phases.seconds_total.items()}
+    total = sum(secs.values())
+    return {
+        "steps": steps,
+        "ms_per_step": {k: round(1000 * v / steps, 3) for k, v in secs.items()} if steps else {},
+        "share": {k: round(v / total, 4) for k, v in secs.items()} if total else {},
+        "python_share": round(1 - secs.get("decode", 0.0) / total, 4) if total else None,
+        "tokens_per_step": round((after.generated_tokens_total - before.generated_tokens_total) / steps, 2)
+        if steps
+        else None,
+    }
+
+
+async def cell(target: str, model: Path, c: int) -> dict[str, Any]:
+    prompts = [PromptMaker(model, seed=500 + c).unique(PER_CLIENT.get(c, 2), 30, 60) for _ in range(c)]
+    async with channel(target) as ch:
+        before = await get_metrics(ch)
+        t0 = time.perf_counter()
+        results = await closed_loop(ch, prompts, MAX_TOKENS)
+        wall = time.perf_counter() - t0
+        after = await get_metrics(ch)
+    row = summarize(results, wall)
+    return {"tok_s": round(row["tok_s"] or 0.0, 1), "failed": row["failed"], **phases_delta(before, after)}
+
+
+def run_model(model: Path, streams: list[int], threads: int, fixed: bool, extra: list[str]) -> list[dict[str, Any]]:
+    flags = ["--max-running", "32"] + (["--no-adaptive-threads"] if fixed else []) + extra
+    rows = []
+    with GrpcServer(f"step-phases-{model.stem}", model, *flags, threads=threads) as srv:
+        asyncio.run(cell(srv.target, model, 1))  # warm-up
+        for c in streams:
+            load = os.getloadavg()[0]
+            mark = srv.log_path.stat().st_size
+            row = {"model": model.name, "flags": extra, "streams": c, "loadavg_1m": round(load, 2),
+                   **asyncio.run(cell(srv.target, model, c))}
+            with srv.log_path.open("rb") as f:
+                f.seek(mark)
+                row["thread_switches"] = SWITCH.findall(f.read().decode(errors="replace"))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, action="append", default=None)
+    ap.add_argument("--streams", default="1,16,32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fixed-threads", action="store_true")
+    ap.add_argument("--flag", action="append", default=[], help="an extra server flag (repeatable)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "extra" / "step_phases.json")
+    args = ap.parse_args()
+    streams = [int(x) for x in args.streams.split(",")]
+    rows = [r for m in args.model or [DEFAULT_MODEL] for r in run_model(m, streams, args.threads, args.fixed_threads, args.flag)]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"study": "step_phases", "threads": args.threads, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
