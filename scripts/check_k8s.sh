@@ -62,8 +62,9 @@ for d in docs:
         names = {p.get("name", p["type"]) for p in config["plugins"]}
         refs = {r["pluginRef"] for prof in config["schedulingProfiles"] for r in prof["plugins"]}
         assert refs <= names, f"{d['metadata']['name']}/{key}: pluginRef without a plugin: {sorted(refs - names)}"
-    if d["kind"] == "Deployment":
-        server = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "server")
+    server = next((c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "server"), None) \
+        if d["kind"] == "Deployment" else None
+    if server is not None:  # NOTE: the inference server's pods (not e.g. the gateway's endpoint picker)
         env = {e["name"]: e.get("valueFrom", {}) for e in server.get("env", [])}
         assert env["INFERENCE_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}, env
         if sys.argv[3].startswith("overlays/prod"):
