@@ -253,8 +253,11 @@ class Engine:
         self.step_started = t0 = time.monotonic()
         try:
             self.step()
-            if self.thread_control is not None and self._current is not None:
-                self.thread_control.after_step(self._current.num_tokens, time.monotonic() - t0, self.scheduler.running)
+            if self._current is not None:
+                seconds = time.monotonic() - t0
+                self.speculator.after_step(self._current, seconds)
+                if self.thread_control is not None:
+                    self.thread_control.after_step(self._current.num_tokens, seconds, self.scheduler.running)
         except Exception as exc:
             log.exception("engine step failed")
             self._fail_step(f"engine step failed: {type(exc).__name__}: {exc}")

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.engine.spec_payoff import SpecPayoff
 from service.model.speculative import propose, verify_greedy, verify_sampled
 from service.request.sequence import SeqStatus, Sequence
-from service.scheduler.plan import ScheduledSeq
+from service.scheduler.plan import Plan, ScheduledSeq
 from service.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("service.engine")
@@ -55,6 +56,8 @@ class Speculator:
         self._lock = threading.Lock()
         self._width: dict[int, int] = {}  # seq uid -> its current draft length (adaptive)
         self._misses: dict[int, int] = {}  # seq uid -> drafts rejected outright in a row
+        self.payoff = SpecPayoff()  # drafted vs plain lone steps, measured
+        self._kept = 0  # draft tokens kept in the step being run
 
     def snapshot(self) -> SpecStats:
         with self._lock:
@@ -70,6 +73,8 @@ class Speculator:
             return
         self._width = {s.uid: w for s, w in ((s, self._width.get(s.uid)) for s in running) if w is not None}
         self._misses = {s.uid: self._misses[s.uid] for s in running if s.uid in self._misses}
+        if not self.payoff.allow():  # NOTE: drafts measured slower than plain steps here: probe rarely
+            return
         for seq in running:
             width = self._width.setdefault(seq.uid, cfg.tokens)
             if width < 0:  # cooling down after a draft that was rejected outright
@@ -98,12 +103,22 @@ class Speculator:
                 out[seq.uid] = [-1]
                 continue
             kept = len(out[seq.uid]) - 1
+            self._kept += kept
             self._adapt(seq.uid, item.draft, kept)
             with self._lock:
                 self.stats.steps += 1
                 self.stats.drafted += item.draft
                 self.stats.accepted += kept
         return out
+
+    def after_step(self, plan: Plan, seconds: float) -> None:
+        """A finished step: a lone decode step (one item, no prompt tokens) feeds the payoff measure."""
+        kept, self._kept = self._kept, 0
+        if len(plan.items) != 1:
+            return
+        item = plan.items[0]
+        if item.sample and item.num_tokens == 1 + item.draft and not item.echo:
+            self.payoff.observe(item.draft > 0, 1 + kept, seconds)
 
     def _adapt(self, uid: int, drafted: int, kept: int) -> None:
         """Grow the draft length after a fully kept draft, shrink it after a partial one, and
