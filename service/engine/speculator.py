@@ -73,6 +73,7 @@ class Speculator:
             return
         self._width = {s.uid: w for s, w in ((s, self._width.get(s.uid)) for s in running) if w is not None}
         self._misses = {s.uid: self._misses[s.uid] for s in running if s.uid in self._misses}
+        losing = self.payoff.losing()
         if not self.payoff.allow():  # NOTE: drafts measured slower than plain steps here: probe rarely
             return
         for seq in running:
@@ -81,6 +82,8 @@ class Speculator:
                 self._width[seq.uid] = width + 1
                 continue
             room = min(max(width, 1), seq.params.max_tokens - seq.num_generated - 1)
+            if losing:  # NOTE: a probe: the cheapest draft that still measures acceptance
+                room = min(room, 1)
             if room > 0 and _eligible(seq):
                 drafts = propose(seq.token_ids, room)
                 seq.token_ids.extend(drafts)

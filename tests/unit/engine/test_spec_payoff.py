@@ -63,3 +63,20 @@ def test_the_speculator_feeds_lone_decode_steps_to_the_payoff_and_stops_proposin
         spec.propose(Sched())  # type: ignore[arg-type]
         proposals += seq.num_draft > 0
     assert proposals == 0  # the 32nd step would be the probe
+
+
+def test_a_probe_while_losing_drafts_a_single_token() -> None:
+    spec = Speculator(SpecConfig(enabled=True, tokens=6, max_running=1))
+    for _ in range(3):
+        spec.after_step(_lone(draft=4)[0], 0.08)
+        spec.after_step(_lone(draft=0)[0], 0.02)
+    widths = []
+    for _ in range(64):
+        _plan, seq = _lone(draft=0)
+
+        class Sched:
+            running, waiting = [seq], []
+
+        spec.propose(Sched())  # type: ignore[arg-type]
+        widths.append(seq.num_draft)
+    assert sorted(set(widths)) == [0, 1] and widths.count(1) == 2  # steps 32 and 64, one token each
