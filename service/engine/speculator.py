@@ -73,16 +73,17 @@ class Speculator:
             return
         self._width = {s.uid: w for s, w in ((s, self._width.get(s.uid)) for s in running) if w is not None}
         self._misses = {s.uid: self._misses[s.uid] for s in running if s.uid in self._misses}
-        losing = self.payoff.losing()
-        if not self.payoff.allow():  # NOTE: drafts measured slower than plain steps here: probe rarely
-            return
+        losing, allowed = self.payoff.losing(), self.payoff.allow()
         for seq in running:
+            gated = losing and not _seeded(seq)  # NOTE: see _seeded: a seed's output must not depend on timing
+            if gated and not allowed:  # drafts measured slower than plain steps here: probe rarely
+                continue
             width = self._width.setdefault(seq.uid, cfg.tokens)
             if width < 0:  # cooling down after a draft that was rejected outright
                 self._width[seq.uid] = width + 1
                 continue
             room = min(max(width, 1), seq.params.max_tokens - seq.num_generated - 1)
-            if losing:  # NOTE: a probe: the cheapest draft that still measures acceptance
+            if gated:  # NOTE: a probe: the cheapest draft that still measures acceptance
                 room = min(room, 1)
             if room > 0 and _eligible(seq):
                 drafts = propose(seq.token_ids, room)
@@ -144,6 +145,17 @@ class Speculator:
         self._misses.pop(uid, None)
         width = width + 2 if kept == drafted else width - 1
         self._width[uid] = max(1, min(self.config.tokens, width))
+
+
+def _seeded(seq: Sequence) -> bool:
+    """A sampled request with a seed: the payoff measure (wall-clock rates) never changes its drafts.
+
+    NOTE: sampled verification draws from the sequence's generator differently from
+    plain sampling, so a draft decision that depended on timing would make the same
+    seed give different text on an idle server; such sequences keep the per-sequence
+    rules only (deterministic). Greedy and unseeded requests follow the measure.
+    """
+    return not seq.params.greedy and seq.params.seed is not None
 
 
 def _eligible(seq: Sequence) -> bool:

@@ -80,3 +80,21 @@ def test_a_probe_while_losing_drafts_a_single_token() -> None:
         spec.propose(Sched())  # type: ignore[arg-type]
         widths.append(seq.num_draft)
     assert sorted(set(widths)) == [0, 1] and widths.count(1) == 2  # steps 32 and 64, one token each
+
+
+def test_a_seeded_sampled_request_drafts_as_before_whatever_the_payoff_measured() -> None:
+    """Its output must not depend on timing: the same seed gives the same text on an idle server."""
+    spec = Speculator(SpecConfig(enabled=True, tokens=4, max_running=1))
+    for _ in range(3):
+        spec.after_step(_lone(draft=4)[0], 0.08)
+        spec.after_step(_lone(draft=0)[0], 0.02)
+    assert spec.payoff.losing()
+    seq = Sequence("r", [1, 2, 3, 4, 5, 6, 1, 2], SamplingParams(max_tokens=100, temperature=0.9, seed=7))
+    seq.num_prompt_tokens = seq.num_computed = 7
+    seq.status = SeqStatus.RUNNING
+
+    class Sched:
+        running, waiting = [seq], []
+
+    spec.propose(Sched())  # type: ignore[arg-type]
+    assert seq.num_draft == 4  # the full width, on a step the payoff would have skipped
