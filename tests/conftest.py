@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from tests.support.guards import ModelGuard, in_ci
-from tests.support.server import RunningServer, start_server
+from tests.support.server import DEFAULT_MODEL, RunningServer, start_server
 from tests.support.tiny_vocab import build as tiny_vocab_file
 
 # Server processes started by tests keep batch jobs in memory, not in ./data
@@ -106,3 +106,13 @@ def tiny_vocab(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from service.model.runner import Vocab
 
     return Vocab.load(tiny_vocab_file(tmp_path_factory.mktemp("vocab") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="session")
+def model_vocab() -> Any:
+    """The default model's vocabulary (no weights run): for tests marked ``vocab``."""
+    if not DEFAULT_MODEL.is_file():
+        pytest.fail(f"{DEFAULT_MODEL} missing: run `make model`")
+    from service.model.runner import Vocab
+
+    return Vocab.load(DEFAULT_MODEL)

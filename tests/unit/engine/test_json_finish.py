@@ -8,7 +8,6 @@ complete document that validates. Needs only the default model's vocabulary.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +18,6 @@ from service.request.constraints import FinishBudget
 from service.request.sequence import FinishReason, SamplingParams, Sequence
 
 pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHARACTER = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
@@ -43,15 +40,6 @@ NESTED = {
     "required": ["people", "count"],
 }
 LOOP = "He is very brave and good. "
-
-
-@pytest.fixture(scope="module")
-def model_vocab() -> Any:
-    if not MODEL.is_file():
-        pytest.fail(f"{MODEL} missing: run `make model`")
-    from service.model.runner import Vocab
-
-    return Vocab.load(MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,6 @@ from service.request.sequence import SamplingParams, Sequence
 
 pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
 ROOT = Path(__file__).resolve().parents[3]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SEED = 30
 MAX_APPROX_FAILURE_SHARE = 0.2  # measured 156 / 996 checks (15.7%) when written
 REPEAT_PENALTY = 0.8  # GenerateJSON's default
@@ -53,15 +52,6 @@ def rows() -> list[dict[str, Any]]:
             pytest.fail(message)
         pytest.skip(message)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def model_vocab() -> Any:
-    if not MODEL.is_file():
-        pytest.fail(f"{MODEL} missing: run `make model`")
-    from service.model.runner import Vocab
-
-    return Vocab.load(MODEL)
 
 
 @pytest.fixture(scope="module")

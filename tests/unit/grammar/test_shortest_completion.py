@@ -6,7 +6,6 @@ Needs only the default model's vocabulary (a vocab-only load).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -16,8 +15,6 @@ from service import json_grammar as jg
 from service.grammar.examples import pattern_example, schema_hints
 
 pytestmark = pytest.mark.vocab  # reads the default model's vocabulary (no weights)
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 OBJ = {"type": "object", "additionalProperties": False}
 # (name, schema, the completion forced from the start)
@@ -65,15 +62,6 @@ HAND_MADE: list[tuple[str, dict[str, Any], str]] = [
     ("top-level number", {"type": "number"}, "0"),
     ("any JSON value", {}, "0"),
 ]
-
-
-@pytest.fixture(scope="module")
-def model_vocab() -> Any:
-    if not MODEL.is_file():
-        pytest.fail(f"{MODEL} missing: run `make model`")
-    from service.model.runner import Vocab
-
-    return Vocab.load(MODEL)
 
 
 @pytest.fixture(scope="module")
