@@ -66,6 +66,7 @@ class Speculator:
     def propose(self, sched: Scheduler) -> None:
         """Append drafts to the eligible running sequences (nothing when the engine is busy)."""
         cfg = self.config
+        self._kept = 0  # NOTE: a step that failed after verify never reached after_step
         if not cfg.enabled or cfg.tokens <= 0:
             return
         running = [s for s in sched.running if not s.paused]
