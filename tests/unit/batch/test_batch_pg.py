@@ -20,21 +20,11 @@ import pytest
 
 from service.batch.postgres_store import PostgresJobStore
 from service.batch.store import ItemResult, ItemState, JobSpec, JobState, JobStore, NewItem, StoredResult
+from tests.support.clock import FakeClock
 from tests.support.pg import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 LEASE_S = 30.0
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass

@@ -19,19 +19,9 @@ import pytest
 
 from service.batch.sqlite_store import SqliteJobStore
 from service.batch.store import ItemError, ItemResult, ItemState, JobSpec, JobState, JobStore, NewItem
+from tests.support.clock import FakeClock
 
 HOUR = 3600.0
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def _sqlite(tmp_path: Path, clock: FakeClock, retention_s: float) -> JobStore:

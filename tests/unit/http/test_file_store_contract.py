@@ -31,22 +31,12 @@ import pytest
 from service.http.files import FileRecord, FileStore, FilesUnavailable, SqliteFileStore
 from service.http.files_pg import PROBE_S, PgFileStore
 from service.request.errors import Unavailable
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(120)
 DAY = 24 * 3600.0
 KINDS = ("sqlite-file", "sqlite-memory", "postgres")
 SHARED = ("sqlite-file", "postgres")  # kinds whose second instance opens the first one's data
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass
