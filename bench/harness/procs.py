@@ -206,8 +206,27 @@ class GrpcServer(_Process):
         return self
 
 
-class LlamaCppServer(_Process):
+class _HttpProcess(_Process):
+    """An HTTP server process on loopback; ready when ``READY_PATH`` answers 200."""
+
+    READY_PATH = "/"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> bool:
+        import httpx
+
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(self.base_url + self.READY_PATH, timeout=1.0).status_code == 200
+        return False
+
+
+class LlamaCppServer(_HttpProcess):
     """``python -m llama_cpp.server`` (OpenAI-compatible HTTP); ready when /v1/models answers."""
+
+    READY_PATH = "/v1/models"
 
     def __init__(self, label: str, model: str | Path, n_ctx: int = 4096, threads: int = 2) -> None:
         argv = [
@@ -233,43 +252,23 @@ class LlamaCppServer(_Process):
         ]
         super().__init__(label, argv)
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def ready(self) -> bool:
-        import httpx
-
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(self.base_url + "/v1/models", timeout=1.0).status_code == 200
-        return False
-
     def __enter__(self) -> LlamaCppServer:
         self.start()
         return self
 
 
-class LlamaServer(_Process):
+class LlamaServer(_HttpProcess):
     """llama.cpp's ``llama-server`` (``make llama-tools``; OpenAI-compatible HTTP); ready when /health is 200.
 
     ``parallel`` slots (``-np``) over one unified KV cache (``-kvu``) of ``ctx`` tokens, continuous batching.
     """
 
+    READY_PATH = "/health"
+
     def __init__(self, label: str, binary: Path, model: str | Path, *, parallel: int, ctx: int, threads: int) -> None:
         argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "{port}", "-np", str(parallel),
                 "-kvu", "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "--no-webui"]
         super().__init__(label, argv)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def ready(self) -> bool:
-        import httpx
-
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200
-        return False
 
     def __enter__(self) -> LlamaServer:
         self.start()
