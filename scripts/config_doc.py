@@ -44,6 +44,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
             "batch_rows_with_interactive",
             "prefix_cache",
             "prefix_cache_tokens",
+            "prefix_host_cache_mib",
         ],
     ),
     ("Scheduling and queues", ["scheduling", "aging_s", "queue_limit_interactive", "queue_limit_batch"]),

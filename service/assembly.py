@@ -17,6 +17,7 @@ from service.batch.service import BatchConfig
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
 from service.engine.speculator import SpecConfig
+from service.host_prefixes import HostPrefixes
 from service.http.config import HttpConfig
 from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
@@ -36,12 +37,14 @@ def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None, fai
         n_lanes=config.kv_lanes,
         n_threads=config.threads,
     )
+    host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
     kv = KVBlockManager(
         runner.n_ctx // config.block_size,
         config.block_size,
         config.kv_lanes,
         prefix_cache=config.prefix_cache,
         max_cached_blocks=config.prefix_cache_tokens // config.block_size,
+        host=HostPrefixes(host_tokens, config.block_size) if host_tokens else None,
     )
     engine_config = EngineConfig(
         max_running=config.max_running,

@@ -34,6 +34,7 @@ class ServerConfig:
     batch_rows_with_interactive: int = 0
     prefix_cache: bool = True
     prefix_cache_tokens: int = 2048
+    prefix_host_cache_mib: int = 512
     scheduling: str = "priority"
     aging_s: float = 30.0
     queue_limit_interactive: int = 256
@@ -104,6 +105,8 @@ HELP = {
     "prefix_cache": "reuse KV of shared prompt prefixes",
     "prefix_cache_tokens": "most tokens of finished requests kept cached for reuse (idle cached cells "
     "slow every decode step a little; size this to the shared prefixes you expect)",
+    "prefix_host_cache_mib": "host memory (MiB) for prefixes evicted from the KV pool: their cells are "
+    "copied out and copied back on a later hit instead of being computed again (0 = off)",
     "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",
     "aging_s": "a batch request waiting longer than this is treated as interactive",
     "queue_limit_interactive": "waiting interactive requests before RESOURCE_EXHAUSTED",
@@ -247,8 +250,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--batch-prefill-tokens must be >= 1"
     if c.block_size < 1 or c.ctx < c.block_size:
         return "--ctx must be at least one block"
-    if c.prefix_cache_tokens < 0:
-        return "--prefix-cache-tokens must be >= 0"
+    if c.prefix_cache_tokens < 0 or c.prefix_host_cache_mib < 0:
+        return "--prefix-cache-tokens and --prefix-host-cache-mib must be >= 0"
     if c.threads < 1:
         return "--threads must be >= 1"
     if c.step_timeout_s < 0 or c.stream_stall_timeout_s <= 0 or c.stream_backlog < 4:

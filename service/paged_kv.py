@@ -28,7 +28,8 @@ NOTE: cached cells are not free to keep. With a unified pool llama.cpp attends
 land in the holes between cached ones. Measured on Gemma 3 270M: a 1,100-token
 prefill takes ~1.8 s beside an empty cache and 2.1-2.2 s beside ~2,000 cached
 cells of other prefixes; batch-16 decode steps pay 0-6% for 1,700-5,000 idle
-cells. The cap bounds that tax.
+cells. The cap bounds that tax; the host tier (``service.host_prefixes``) keeps
+the chains it evicts, outside the pool.
 """
 
 from __future__ import annotations
@@ -36,18 +37,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from service.host_prefixes import HostEntry, HostHit, HostPrefixes
 from service.request.sequence import Sequence
 
 
 @dataclass(frozen=True)
 class KVOp:
-    """A cell operation for the engine: ``rm`` lane's cells in [p0, p1), or ``cp`` src's into lane."""
+    """A cell operation for the engine, applied in order before the next decode.
 
-    kind: Literal["rm", "cp"]
+    ``rm``: remove lane's cells in [p0, p1); ``cp``: share src's cells in [p0, p1) into lane;
+    ``save``: copy lane's cells in [p0, p1) to host memory under ``key``; ``load``: put the
+    cells saved under ``key`` into the (empty) lane, keeping [p0, p1), or compute ``tokens``
+    there when they are gone; ``drop``: forget what was saved under ``key``.
+    """
+
+    kind: Literal["rm", "cp", "save", "load", "drop"]
     lane: int
     p0: int
     p1: int
     src: int = -1
+    key: int = 0
+    tokens: tuple[int, ...] = ()
+
+
+HOST_GAIN_BLOCKS = 2  # a spilled chain must reach this many blocks past the pool's hit to be used
 
 
 @dataclass(eq=False)
@@ -78,13 +91,15 @@ class PrefixHit:
     partial: Block | None = None
     partial_len: int = 0
     num_tokens: int = 0
+    host: HostHit | None = None  # instead of the above: a spilled chain, copied back into the lane
 
 
 @dataclass
 class KVStats:
     prompt_tokens: int = 0
-    hit_tokens: int = 0
+    hit_tokens: int = 0  # of which host_hit_tokens came back from the host tier
     evictions: int = 0
+    host_hit_tokens: int = 0
 
 
 class KVBlockManager:
@@ -97,8 +112,10 @@ class KVBlockManager:
         num_lanes: int,
         prefix_cache: bool = True,
         max_cached_blocks: int | None = None,
+        host: HostPrefixes | None = None,
     ) -> None:
-        """``max_cached_blocks``: most unreferenced blocks kept for reuse (None = no cap)."""
+        """``max_cached_blocks``: most unreferenced blocks kept for reuse (None = no cap);
+        ``host``: where evicted chains are spilled (None = they are lost)."""
         if num_blocks < 1 or block_size < 1 or num_lanes < 1:
             raise ValueError("num_blocks, block_size and num_lanes must be positive")
         if max_cached_blocks is not None and max_cached_blocks < 0:
@@ -108,6 +125,7 @@ class KVBlockManager:
         self.num_blocks = num_blocks
         self.num_lanes = num_lanes
         self.prefix_cache = prefix_cache
+        self.host = host if prefix_cache else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._cache: dict[int, Block] = {}  # hash -> registered block
@@ -169,7 +187,22 @@ class KVBlockManager:
             parent = h
         start = len(hits) * bs
         partial, k = self._best_child(parent, seq.token_ids[start : min(start + bs, last)])
+        spilled = self._match_host(seq, last // bs)
+        # NOTE: a spilled chain replaces the pool's hit only when it reaches HOST_GAIN_BLOCKS further:
+        # sharing pool cells is free, copying back is not, and it duplicates the common part's cells.
+        if spilled is not None and spilled.num_tokens >= start + k + HOST_GAIN_BLOCKS * bs:
+            return PrefixHit(num_tokens=spilled.num_tokens, host=spilled)
         return PrefixHit(tuple(hits), partial, k, start + k)
+
+    def _match_host(self, seq: Sequence, num_blocks: int) -> HostHit | None:
+        """The longest spilled chain that starts ``seq``'s first ``num_blocks`` full blocks."""
+        if self.host is None or not len(self.host):
+            return None
+        hashes, parent, bs = [], 0, self.block_size
+        for i in range(num_blocks):
+            parent = hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+            hashes.append(parent)
+        return self.host.match(seq.token_ids, hashes)
 
     def _best_child(self, parent: int, want: list[int]) -> tuple[Block | None, int]:
         """The cached block after ``parent`` sharing the most leading tokens with ``want``."""
@@ -209,6 +242,8 @@ class KVBlockManager:
         caller then preempts or leaves the sequence waiting.
         """
         assert not seq.block_table and seq.lane is None, "sequence already holds KV"
+        if hit.host is not None:
+            return self._allocate_spilled(seq, hit.host, num_new_tokens)
         need = self.blocks_for(hit.num_tokens + num_new_tokens) - len(hit.blocks)
         reusable = sum(1 for b in hit.blocks if b.ref_count == 0)
         if need > len(self._free) + len(self._evictable) - reusable:
@@ -226,12 +261,35 @@ class KVBlockManager:
             # copy is queued before any eviction's removal, and ops apply in order.
             p = hit.partial
             self._merge_op(KVOp("cp", lane, p.start, p.start + hit.partial_len, min(p.holders)))
-        seq.num_computed = hit.num_tokens
-        if seq.num_prompt_tokens and not seq.preemptions:
-            seq.num_cached = min(hit.num_tokens, seq.num_prompt_tokens)
-            self.stats.prompt_tokens += seq.num_prompt_tokens
-            self.stats.hit_tokens += seq.num_cached
+        self._count_hit(seq, hit.num_tokens)
         return self._grow(seq, hit.num_tokens + num_new_tokens)
+
+    def _allocate_spilled(self, seq: Sequence, hit: HostHit, num_new_tokens: int) -> bool:
+        """``allocate`` for a spilled chain: own blocks for it, its cells copied back into the lane."""
+        assert self.host is not None
+        if self.blocks_for(hit.num_tokens + num_new_tokens) > len(self._free) + len(self._evictable):
+            return False
+        lane = self._take_lane(exclude=set())
+        if lane is None:
+            return False
+        self._running_lanes.add(lane)
+        seq.lane = lane
+        self.host.use(hit.key)  # most recently used: the evictions below spill others, not this one
+        self.stats.host_hit_tokens += self._count_hit(seq, hit.num_tokens)
+        ok = self._grow(seq, hit.num_tokens + num_new_tokens)
+        # NOTE: queued after the growth's evictions, so their cells are free when the copy lands.
+        self._ops.append(KVOp("load", lane, 0, hit.num_tokens, key=hit.key, tokens=hit.tokens))
+        return ok
+
+    def _count_hit(self, seq: Sequence, num_tokens: int) -> int:
+        """Start ``seq`` after ``num_tokens`` reused tokens; returns the prompt tokens counted as hits."""
+        seq.num_computed = num_tokens
+        if not seq.num_prompt_tokens or seq.preemptions:
+            return 0
+        seq.num_cached = min(num_tokens, seq.num_prompt_tokens)
+        self.stats.prompt_tokens += seq.num_prompt_tokens
+        self.stats.hit_tokens += seq.num_cached
+        return seq.num_cached
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for ``num_new_tokens`` more computed tokens; False if memory is short."""
@@ -329,6 +387,7 @@ class KVBlockManager:
     def _evict(self, block: Block) -> None:
         del self._evictable[block.id]
         assert block.hash is not None
+        self._spill(block)
         del self._cache[block.hash]
         self._children[block.parent].discard(block.id)
         if not self._children[block.parent]:
@@ -337,6 +396,31 @@ class KVBlockManager:
         self._drop_cells(block)
         self._free.append(block.id)
         self.stats.evictions += 1
+
+    def _spill(self, block: Block) -> None:
+        """Before the last block of a cached chain goes, save the whole chain to the host tier.
+
+        Only a chain whose every block is still cached and held by one lane (the lane whose cells
+        are saved); a chain already spilled (a longer one holding it included) is not saved again.
+        """
+        assert block.hash is not None
+        if self.host is None or self._children.get(block.hash) or self.host.holds(block.hash):
+            return
+        chain = [block]
+        while chain[-1].parent:
+            parent = self._cache.get(chain[-1].parent)
+            if parent is None:
+                return
+            chain.append(parent)
+        chain.reverse()
+        lanes = set.intersection(*(b.holders for b in chain))
+        starts_ok = all(b.start == i * self.block_size for i, b in enumerate(chain))
+        if not lanes or not starts_ok or not self.host.worth_spilling(len(chain)):
+            return
+        tokens = tuple(t for b in chain for t in b.tokens)
+        entry = HostEntry(block.hash, tokens, tuple(b.hash for b in chain if b.hash is not None))
+        self._ops.append(KVOp("save", min(lanes), 0, len(tokens), key=entry.key))
+        self._ops += [KVOp("drop", -1, 0, 0, key=key) for key in self.host.add(entry)]
 
     def _drop_cells(self, block: Block) -> None:
         for lane in sorted(block.holders):

@@ -220,7 +220,7 @@ class ModelRunner:
         params = L.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = step_tokens
-        params.n_seq_max = n_lanes
+        params.n_seq_max = n_lanes + 1  # the last one is the scratch lane of ``_save``
         # NOTE: llama.cpp sizes its logits buffer as n_vocab x n_outputs_max rows and
         # requires n_outputs_max >= n_seq_max: one row per lane, plus PROMPT_ROWS for
         # steps that need logits at several positions of one sequence (prompt
@@ -238,6 +238,7 @@ class ModelRunner:
         self.n_ctx: int = L.llama_n_ctx(self.ctx)
         self.step_tokens = step_tokens
         self.n_lanes = n_lanes
+        self._spilled: dict[int, ctypes.Array[ctypes.c_uint8]] = {}  # KVOp save/load/drop: key -> state
         self.n_threads = n_threads
         self.mixed_batch_max = MIXED_BATCH_MAX
         self.prompt_rows = PROMPT_ROWS
@@ -299,12 +300,51 @@ class ModelRunner:
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab.n_vocab))
 
     def apply_kv_ops(self, ops: Iterable[KVOp]) -> None:
-        """Apply the KV manager's cell operations in order."""
+        """Apply the KV manager's cell operations in order (``KVOp`` says what each kind does)."""
         for op in ops:
             if op.kind == "rm":
                 L.llama_memory_seq_rm(self.mem, op.lane, op.p0, op.p1)
-            else:
+            elif op.kind == "cp":
                 L.llama_memory_seq_cp(self.mem, op.src, op.lane, op.p0, op.p1)
+            elif op.kind == "save":
+                self._save(op)
+            elif op.kind == "load":
+                self._load(op)
+            else:
+                self._spilled.pop(op.key, None)
+
+    @property
+    def spilled_bytes(self) -> int:
+        """Host memory held by saved (spilled) prefixes."""
+        return sum(len(buf) for buf in self._spilled.values())
+
+    def _save(self, op: KVOp) -> None:
+        """Copy ``op.lane``'s cells in [p0, p1) to host memory, through the scratch lane (no new cells)."""
+        scratch = self.n_lanes
+        L.llama_memory_seq_cp(self.mem, op.lane, scratch, op.p0, op.p1)
+        size = L.llama_state_seq_get_size(self.ctx, scratch)
+        buf = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data(self.ctx, buf, size, scratch) == size:
+            self._spilled[op.key] = buf
+        L.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+
+    def _load(self, op: KVOp) -> None:
+        """Put the cells saved under ``op.key`` into the empty ``op.lane``, keeping [p0, p1).
+
+        NOTE: the saved cells are the computed ones, bit for bit. If they are gone (dropped) or do
+        not fit, the tokens are computed instead: slower, never wrong.
+        """
+        buf = self._spilled.get(op.key)
+        if buf is not None and L.llama_state_seq_set_data(self.ctx, buf, len(buf), op.lane) > 0:
+            L.llama_memory_seq_rm(self.mem, op.lane, op.p1, -1)
+            return
+        log.warning("a spilled prefix could not be restored; computing its %d tokens", op.p1 - op.p0)
+        L.llama_memory_seq_rm(self.mem, op.lane, -1, -1)
+        for i in range(op.p0, op.p1, self.step_tokens):
+            chunk = np.asarray(op.tokens[i : min(i + self.step_tokens, op.p1)])
+            want = np.zeros(len(chunk), dtype=np.int8)
+            want[-1] = 1
+            self.decode(chunk, np.arange(i, i + len(chunk)), np.full(len(chunk), op.lane), want)
 
     def set_threads(self, n: int) -> None:
         """Compute threads of the following decodes (engine thread only, between decodes)."""

@@ -25,8 +25,13 @@ class ShadowKV:
     cells: dict[int, tuple[int, int, set[int]]] = field(default_factory=dict)  # id -> (pos, token, lanes)
     _next: int = 0
 
+    saved: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # key -> (pos, token), host tier
+
     def apply(self, ops: tuple[KVOp, ...] | list[KVOp]) -> None:
         for op in ops:
+            if op.kind in ("save", "load", "drop"):
+                self._host_op(op)
+                continue
             for cid, (pos, _tok, lanes) in list(self.cells.items()):
                 if op.p0 <= pos < op.p1:
                     if op.kind == "rm":
@@ -35,6 +40,20 @@ class ShadowKV:
                         lanes.add(op.lane)
                 if not lanes:
                     del self.cells[cid]
+
+    def _host_op(self, op: KVOp) -> None:
+        """The runner's save / load / drop: copies of a lane's cells to and from host memory."""
+        if op.kind == "save":
+            got = sorted((p, t) for p, t, ls in self.cells.values() if op.lane in ls and op.p0 <= p < op.p1)
+            assert [p for p, _t in got] == list(range(op.p0, op.p1)), f"lane {op.lane} lacks cells to save"
+            self.saved[op.key] = got
+        elif op.kind == "drop":
+            del self.saved[op.key]
+        else:  # load: the saved cells, or (bytes gone) the tokens computed again; same cells either way
+            assert all(op.lane not in ls for _p, _t, ls in self.cells.values()), "load into a lane with cells"
+            cells = self.saved.get(op.key) or list(enumerate(op.tokens))
+            for pos, token in cells[op.p0 : op.p1]:
+                self.write(op.lane, pos, token)
 
     def write(self, lane: int, pos: int, token: int) -> None:
         assert all(not (p == pos and lane in ls) for p, _t, ls in self.cells.values()), (

@@ -6,6 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from service.host_prefixes import HostPrefixes
 from service.paged_kv import KVBlockManager
 from service.request.sequence import SamplingParams, Sequence
 from tests.support.sim import ShadowKV
@@ -163,11 +164,13 @@ class KVMachine(RuleBasedStateMachine):
     """Random allocate/grow/finish/preempt sequences; integrity and cell checks after each."""
 
     max_cached_blocks: int | None = None
+    host_tokens = 0  # the host tier's budget (0: none)
 
     def __init__(self) -> None:
         super().__init__()
+        host = HostPrefixes(self.host_tokens, block_size=3, min_blocks=1) if self.host_tokens else None
         self.kv = KVBlockManager(
-            num_blocks=12, block_size=3, num_lanes=5, max_cached_blocks=self.max_cached_blocks
+            num_blocks=12, block_size=3, num_lanes=5, max_cached_blocks=self.max_cached_blocks, host=host
         )
         self.shadow = ShadowKV(36)
         self.running: list[Sequence] = []
@@ -228,3 +231,14 @@ class CappedKVMachine(KVMachine):
 
 TestCappedKVMachine = CappedKVMachine.TestCase
 TestCappedKVMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+class SpillingKVMachine(KVMachine):
+    """The same, capped at 1 block, evicted chains spilled to a host tier of 9 tokens and copied back."""
+
+    max_cached_blocks = 1
+    host_tokens = 9
+
+
+TestSpillingKVMachine = SpillingKVMachine.TestCase
+TestSpillingKVMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

@@ -1,0 +1,110 @@
+"""The host tier of the prefix cache: which evicted prefixes have their KV in host memory.
+
+The KV pool keeps few idle prefixes (``--prefix-cache-tokens``), because idle
+cells widen every running sequence's attention range in llama.cpp's unified
+pool. When ``paged_kv`` evicts the last block of a cached chain, it *spills*
+the chain instead of losing it: the engine copies the chain's cells out of the
+pool into host memory (``KVOp`` ``save``), and a later request whose prompt
+starts with that chain gets them copied back into its own lane (``load``)
+instead of computing them again. Copying a 512-token prefix back takes about a
+millisecond; computing it takes about a second on this hardware, and the
+copied cells are the computed ones, bit for bit.
+
+This module is only the index (keys, token counts, LRU under a token budget);
+the bytes live with the model runner, which drops them when told (``drop``).
+Pure bookkeeping: nothing here calls llama.cpp.
+
+    chain in the pool        [ b0 | b1 | b2 | b3 ]  evicted tail first ->
+    spilled entry            key = hash(b3), tokens = b0..b3, hashes = (h0, h1, h2, h3)
+    new prompt               [ b0 | b1 | b2 | x ... ]  -> host hit of 3 blocks (h2 found)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+MIN_BLOCKS = 4  # NOTE: shorter chains are cheap to recompute; not worth a copy out and back
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One spilled chain: ``tokens`` (whole blocks from position 0) and each block's chain hash."""
+
+    key: int  # the chain hash of its last block
+    tokens: tuple[int, ...]
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HostHit:
+    """A spilled chain's first ``num_tokens`` tokens match a new sequence's prompt."""
+
+    key: int
+    num_tokens: int
+    tokens: tuple[int, ...]  # those tokens (what to compute if the bytes are gone)
+
+
+class HostPrefixes:
+    """Spilled chains under a budget of ``max_tokens``, least recently used dropped first."""
+
+    def __init__(self, max_tokens: int, block_size: int, min_blocks: int = MIN_BLOCKS) -> None:
+        if max_tokens < 0 or block_size < 1 or min_blocks < 1:
+            raise ValueError("max_tokens >= 0, block_size >= 1 and min_blocks >= 1 are required")
+        self.max_tokens = max_tokens
+        self.block_size = block_size
+        self.min_blocks = min_blocks
+        self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # LRU first
+        self._by_hash: dict[int, set[int]] = {}  # chain hash -> keys of entries holding it
+        self.num_tokens = 0
+        self.saves = 0
+        self.loads = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def holds(self, chain_hash: int) -> bool:
+        """Does a spilled entry hold the chain ending in ``chain_hash``?"""
+        return chain_hash in self._by_hash
+
+    def worth_spilling(self, num_blocks: int) -> bool:
+        return num_blocks >= self.min_blocks and num_blocks * self.block_size <= self.max_tokens
+
+    def add(self, entry: HostEntry) -> list[int]:
+        """Index ``entry`` (most recently used); returns the keys dropped to stay within the budget."""
+        assert entry.key not in self._entries and len(entry.tokens) == len(entry.hashes) * self.block_size
+        self._entries[entry.key] = entry
+        for h in entry.hashes:
+            self._by_hash.setdefault(h, set()).add(entry.key)
+        self.num_tokens += len(entry.tokens)
+        self.saves += 1
+        dropped: list[int] = []
+        while self.num_tokens > self.max_tokens:
+            dropped.append(self._drop_lru())
+        return dropped
+
+    def match(self, token_ids: Seq[int], hashes: Seq[int]) -> HostHit | None:
+        """The longest spilled prefix of a prompt whose full blocks hash to ``hashes`` (chain hashes)."""
+        for depth in range(len(hashes), 0, -1):
+            for key in self._by_hash.get(hashes[depth - 1], ()):
+                entry = self._entries[key]
+                n = depth * self.block_size
+                if entry.hashes[depth - 1] == hashes[depth - 1] and tuple(token_ids[:n]) == entry.tokens[:n]:
+                    return HostHit(key, n, entry.tokens[:n])
+        return None
+
+    def use(self, key: int) -> None:
+        """A hit is being loaded: it becomes the most recently used."""
+        self._entries.move_to_end(key)
+        self.loads += 1
+
+    def _drop_lru(self) -> int:
+        key, entry = self._entries.popitem(last=False)
+        for h in entry.hashes:
+            keys = self._by_hash[h]
+            keys.discard(key)
+            if not keys:
+                del self._by_hash[h]
+        self.num_tokens -= len(entry.tokens)
+        return key

@@ -1,0 +1,77 @@
+"""The prefix cache's host tier with the real model: an evicted prefix comes back from host memory.
+
+The server keeps no idle prefix in the KV pool (``--prefix-cache-tokens 0``), so every finished
+request's prefix is evicted, and spilled to host memory (``--prefix-host-cache-mib``, default on).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from tests.support.helpers import MarginRecorder, assert_same_greedy, req, run_stream
+from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_idle
+
+pytestmark = pytest.mark.model
+
+SYSTEM = (
+    "You are a meticulous assistant for a shipping company. Answer questions about parcels, tracking "
+    "numbers, delivery windows, customs forms and refunds. Always be polite, concise and precise. "
+) * 3
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def spilling() -> Iterator[RunningServer]:
+    srv = start_server(prefix_cache_tokens=0)
+    yield srv
+    srv.close()
+
+
+def ask(srv: RunningServer, rid: str, question: str, rec: MarginRecorder) -> object:
+    srv.engine.logits_hook = rec
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            result = run_stream(ch, [req(rid, SYSTEM + question, 24, ignore_eos=True)])[rid]
+    finally:
+        srv.engine.logits_hook = None
+    wait_idle(srv)
+    return result
+
+
+def test_an_evicted_prefix_is_copied_back_from_host_memory_and_gives_the_same_output(
+    spilling: RunningServer,
+) -> None:
+    kv, runner, rec = spilling.engine.kv, spilling.engine.runner, MarginRecorder()
+    hits_before = kv.stats.host_hit_tokens
+    cold = ask(spilling, "cold", "Where is my parcel?", rec)
+    assert kv.num_cached == 0 and len(kv.host) >= 1  # evicted, spilled (the copy is made next step)
+    warm = ask(spilling, "warm", "Where is my parcel?", rec)
+    prompt = warm.done.usage.prompt_tokens  # type: ignore[attr-defined]
+    whole_blocks = (prompt - 1) // BLOCK * BLOCK  # the last prompt token is always computed
+    assert warm.done.usage.cached_tokens == whole_blocks  # type: ignore[attr-defined]
+    assert kv.stats.host_hit_tokens - hits_before == whole_blocks and runner.spilled_bytes > 0
+    assert_same_greedy(cold.token_ids, warm.token_ids, rec.rows["cold"])  # type: ignore[attr-defined]
+    assert_kv_clean(spilling)
+
+
+def test_a_spilled_prefix_whose_bytes_are_gone_is_computed_again_with_the_same_output(
+    spilling: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    kv, runner, rec = spilling.engine.kv, spilling.engine.runner, MarginRecorder()
+    cold = ask(spilling, "cold2", "How do refunds work?", rec)
+    with grpc.insecure_channel(spilling.target) as ch:  # a step: the spill queued when cold2 finished
+        run_stream(ch, [req("flush", "Hi.", 1)])
+    wait_idle(spilling)
+    assert runner.spilled_bytes > 0
+    runner._spilled.clear()  # the engine is idle (wait_idle): as if the bytes had been dropped
+    with caplog.at_level(logging.WARNING, logger="service.llama"):
+        warm = ask(spilling, "warm2", "How do refunds work?", rec)
+    assert any("could not be restored; computing its" in r.getMessage() for r in caplog.records)
+    assert warm.done.usage.cached_tokens >= 4 * BLOCK  # type: ignore[attr-defined]  # counted as a hit
+    assert_same_greedy(cold.token_ids, warm.token_ids, rec.rows["cold2"])  # type: ignore[attr-defined]
+    assert_kv_clean(spilling)
+    assert len(kv.host) >= 1
