@@ -94,8 +94,8 @@ HELP = {
     "(CPU contention from other processes); probes back periodically",
     "ctx": "KV pool size in tokens (shared by all sequences)",
     "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
-    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 256; "
-    "each costs one vocabulary-sized logits row of memory)",
+    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 255: llama.cpp's 256 "
+    "less the host tier's scratch lane; each costs one vocabulary-sized logits row of memory)",
     "block_size": "tokens per KV block",
     "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
     "batch_prefill_tokens": "per-step cap on batch-tier prompt tokens (bounds the wait of arriving interactive work)",
@@ -240,8 +240,8 @@ def validate(c: ServerConfig) -> str | None:
     """A message naming the first inconsistent setting, or None."""
     if c.max_running < 1:
         return "--max-running must be >= 1"
-    if not 1 <= c.max_running < c.kv_lanes <= 256:
-        return "--kv-lanes must be greater than --max-running and at most 256"
+    if not 1 <= c.max_running < c.kv_lanes <= 255:
+        return "--kv-lanes must be greater than --max-running and at most 255"
     if c.step_tokens < c.max_running:
         return "--step-tokens must be >= --max-running"
     if c.batch_rows_with_interactive < 0:

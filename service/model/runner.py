@@ -239,6 +239,7 @@ class ModelRunner:
         self.step_tokens = step_tokens
         self.n_lanes = n_lanes
         self._spilled: dict[int, ctypes.Array[ctypes.c_uint8]] = {}  # KVOp save/load/drop: key -> state
+        self.spilled_bytes = 0  # host memory they hold (read by other threads: a plain int)
         self.n_threads = n_threads
         self.mixed_batch_max = MIXED_BATCH_MAX
         self.prompt_rows = PROMPT_ROWS
@@ -310,13 +311,8 @@ class ModelRunner:
                 self._save(op)
             elif op.kind == "load":
                 self._load(op)
-            else:
-                self._spilled.pop(op.key, None)
-
-    @property
-    def spilled_bytes(self) -> int:
-        """Host memory held by saved (spilled) prefixes."""
-        return sum(len(buf) for buf in self._spilled.values())
+            elif (buf := self._spilled.pop(op.key, None)) is not None:  # drop
+                self.spilled_bytes -= len(buf)
 
     def _save(self, op: KVOp) -> None:
         """Copy ``op.lane``'s cells in [p0, p1) to host memory, through the scratch lane (no new cells)."""
@@ -325,7 +321,9 @@ class ModelRunner:
         size = L.llama_state_seq_get_size(self.ctx, scratch)
         buf = (ctypes.c_uint8 * size)()
         if L.llama_state_seq_get_data(self.ctx, buf, size, scratch) == size:
+            old = self._spilled.get(op.key)
             self._spilled[op.key] = buf
+            self.spilled_bytes += size - (len(old) if old is not None else 0)
         L.llama_memory_seq_rm(self.mem, scratch, -1, -1)
 
     def _load(self, op: KVOp) -> None:
