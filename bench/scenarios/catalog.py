@@ -111,7 +111,7 @@ SCENARIOS = [
         "prefix_defaults",
         "Many system prompts at default flags vs llama.cpp's llama-server; a prefix-free request beside them",
         q_prefix_defaults,
-        720,
+        420,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

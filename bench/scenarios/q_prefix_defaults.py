@@ -26,7 +26,8 @@ Every arm starts its own server, arms run in the order ours, empty, llama_server
 (``BENCH_Q_ROUNDS``, default 2), all on the same prompts, and ``uptime`` is recorded before each arm.
 ``BENCH_Q_SOURCE=DIR`` runs this server from another checkout's code (its gRPC stubs generated:
 ``make stubs``); ``BENCH_Q_NP`` and ``BENCH_Q_PEER_CTX`` change llama-server's ``-np`` and ``-c``, and
-``BENCH_Q_PEER_FLAGS`` adds flags to it (e.g. ``--no-cache-idle-slots``).
+``BENCH_Q_PEER_FLAGS`` adds flags to it (e.g. ``--swa-full``: at its defaults llama-server
+reuses ~3% of these prompts on Gemma 3; see bench/results/NOTES.md).
 """
 
 from __future__ import annotations
@@ -179,13 +180,16 @@ def _flags(argv: list[str], drop: tuple[str, ...]) -> str:
     return " ".join(out)
 
 
+def _git(path: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, check=False).stdout.strip()
+
+
 def _git_rev(path: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=path, capture_output=True, text=True,
-                         check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "service"], cwd=path, capture_output=True,
-                           text=True, check=False)
-    rev = out.stdout.strip() or "unknown"
-    return rev + ("+dirty service/" if dirty.stdout.strip() else "")
+    """HEAD of the checkout that serves, the last commit that changed its service/, and whether it is dirty."""
+    rev = _git(path, "rev-parse", "--short", "HEAD") or "unknown"
+    last = _git(path, "log", "-1", "--format=%h", "--", "service")
+    dirty = " +uncommitted service/ changes" if _git(path, "status", "--porcelain", "--", "service") else ""
+    return f"{rev} (service/ last changed in {last or 'unknown'}){dirty}"
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -319,7 +323,7 @@ def render(r: dict[str, Any]) -> str:
          f"{_pct(s['ours_prefix_hit_rate'])} (GetMetrics)", loads["ours"]],
         ["llama-server", _rates(s["llama_server_req_s"]), fmt(s["llama_server_req_s_median"], 3),
          f"{fmt(s['llama_server_ttft_p50_ms'], 0)} / {fmt(s['llama_server_ttft_p99_ms'], 0)}",
-         f"{_pct(s['llama_server_cached_share'])} (cache_n)", loads["llama_server"]],
+         f"{_pct(s['llama_server_cached_share'])} (its usage.cached_tokens)", loads["llama_server"]],
     ]
     t1_head = ["T1 arm", "req/s by round", "req/s median", "TTFT p50 / p99 ms (median of rounds)",
                "prompt tokens from cache", "load1 before each arm"]
