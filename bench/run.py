@@ -19,6 +19,8 @@ Scenarios (each starts its own server subprocesses and stops them):
   N speculative       1 stream: extraction / edit / story with speculation on vs off; 16 streams
   O replicas          one 300-item job: 3 replicas on one PostgreSQL store vs 1 vs 3 SQLite replicas; kill -9
   P http              OpenAI HTTP API vs gRPC vs llama.cpp's llama-server, 1-32 streams (make llama-tools)
+  Q prefix_defaults   default flags, 32 system prompts x 8 clients: req/s vs llama-server; a request
+                      sharing no prefix, after that load vs on a fresh server (make llama-tools)
 
 Each scenario is a module of ``bench/scenarios/`` (its ``run`` and its ``render``), listed in
 ``bench/scenarios/catalog.py``.

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.harness.config import PYTHON, ROOT, logs_dir
+from bench.harness.results import Skipped
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -175,14 +176,20 @@ class GrpcServer(_Process):
     """``python -m service`` on a free port; ready when grpc health says SERVING."""
 
     def __init__(
-        self, label: str, model: str | Path, *flags: str, threads: int | None = None, source: Path = ROOT
+        self,
+        label: str,
+        model: str | Path,
+        *flags: str,
+        threads: int | None = None,
+        source: Path = ROOT,
+        response_cache_off: bool = True,
     ) -> None:
         argv = [PYTHON, "-m", "service", "--model", str(model), "--host", "127.0.0.1", "--port", "{port}"]
         if threads is not None:
             argv += ["--threads", str(threads)]
         if "--http-port" not in flags:
             argv += ["--http-port", "0"]  # NOTE: no HTTP API unless asked: several servers would all want :8000
-        if not any(f.startswith("--response-cache") for f in flags):
+        if response_cache_off and not any(f.startswith("--response-cache") for f in flags):
             # NOTE: the scenarios measure the engine: repeated greedy prompts must not be replayed
             # from the response cache (scenario K measures the cache and sets its flags).
             argv += ["--response-cache-bytes", "0"]
@@ -257,6 +264,17 @@ class LlamaCppServer(_HttpProcess):
         return self
 
 
+def llama_server_binary() -> Path:
+    """llama.cpp's ``llama-server`` from ``make llama-tools`` (``$LLAMA_SERVER`` overrides the path).
+
+    Raises ``Skipped`` when it is not built, so a scenario that needs it is recorded as skipped.
+    """
+    path = Path(os.environ.get("LLAMA_SERVER", ROOT / ".llama-tools" / "bin" / "llama-server"))
+    if not path.is_file():
+        raise Skipped(f"{path} missing: run `make llama-tools` (or set LLAMA_SERVER)")
+    return path
+
+
 class LlamaServer(_HttpProcess):
     """llama.cpp's ``llama-server`` (``make llama-tools``; OpenAI-compatible HTTP); ready when /health is 200.
 
@@ -265,9 +283,10 @@ class LlamaServer(_HttpProcess):
 
     READY_PATH = "/health"
 
-    def __init__(self, label: str, binary: Path, model: str | Path, *, parallel: int, ctx: int, threads: int) -> None:
+    def __init__(self, label: str, binary: Path, model: str | Path, *, parallel: int, ctx: int, threads: int,
+                 extra: Sequence[str] = ()) -> None:
         argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "{port}", "-np", str(parallel),
-                "-kvu", "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "--no-webui"]
+                "-kvu", "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "--no-webui", *extra]
         super().__init__(label, argv)
 
     def __enter__(self) -> LlamaServer:

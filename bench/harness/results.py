@@ -48,6 +48,12 @@ def _llama_cpp_version() -> str:
         return "unknown"
 
 
+def load_now() -> dict[str, Any]:
+    """The machine's load right now: ``uptime``'s line and the 1-minute load average (recorded before arm runs)."""
+    text = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    return {"uptime": text, "load1": os.getloadavg()[0]}
+
+
 def machine_info(model: str | Path, quick: bool) -> dict[str, Any]:
     """What the figures were measured on; recorded in every result file."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)

@@ -5,7 +5,8 @@ the same body: greedy, ``max_tokens`` fixed by ``ignore_eos``, streamed, usage
 in the last chunk (``stream_options.include_usage``). Tokens are the server's
 ``usage.completion_tokens`` (chunks may carry several tokens: this server's
 speculative steps do), else the chunks that carried text; TTFT is the first
-chunk with text.
+chunk with text. Prompt tokens and those served from a cache are recorded where
+the server reports them (``usage``, or llama-server's ``timings``).
 
 A keep-alive connection the server closed between two requests (llama-server
 closes them after a few requests) fails the next request before any response:
@@ -33,7 +34,7 @@ def _body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], start: float) -> ReqResult:
     first: float | None = None
-    chunks, usage, finish = 0, None, ""
+    chunks, usage, timings, finish = 0, None, None, ""
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             why = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:200]}"
@@ -43,6 +44,7 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], start: float
                 continue
             event = json.loads(line[6:])
             usage = event.get("usage") or usage
+            timings = event.get("timings") or timings
             for choice in event.get("choices") or ():
                 if choice.get("text"):
                     chunks += 1
@@ -50,7 +52,18 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], start: float
                 finish = choice.get("finish_reason") or finish
     tokens = int(usage["completion_tokens"]) if usage else chunks
     ttft = (first - start) * 1000.0 if first is not None else None
-    return ReqResult(True, start, time.perf_counter(), ttft, tokens, finish=finish)
+    prompt, cached = _prompt_tokens(usage, timings)
+    return ReqResult(True, start, time.perf_counter(), ttft, tokens, prompt, cached, finish=finish)
+
+
+def _prompt_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> tuple[int, int]:
+    """Prompt tokens and the part served from a cache: ``usage.prompt_tokens_details.cached_tokens``, else
+    llama-server's ``timings.cache_n`` (0 when the server reports neither)."""
+    prompt = int((usage or {}).get("prompt_tokens") or 0)
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    if "cached_tokens" in details:
+        return prompt, int(details["cached_tokens"] or 0)
+    return prompt, int((timings or {}).get("cache_n") or 0)
 
 
 async def _one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> ReqResult:

@@ -25,6 +25,7 @@ from bench.scenarios import (
     n_speculative,
     o_replicas,
     p_http,
+    q_prefix_defaults,
 )
 
 
@@ -104,6 +105,13 @@ SCENARIOS = [
         "The OpenAI HTTP API: HTTP vs gRPC vs llama.cpp's llama-server, 1-32 streams",
         p_http,
         900,
+    ),
+    Scenario(
+        "Q",
+        "prefix_defaults",
+        "Many system prompts at default flags vs llama.cpp's llama-server; a prefix-free request beside them",
+        q_prefix_defaults,
+        420,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

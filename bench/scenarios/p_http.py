@@ -21,17 +21,15 @@ at every C; HTTP TTFT p50 below llama-server's at C >= 8.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import ROOT, BenchConfig, say
+from bench.harness.config import BenchConfig, say
 from bench.harness.grpc_load import ReqResult, channel, closed_loop, summarize
-from bench.harness.procs import GrpcServer, LlamaServer, free_port
+from bench.harness.procs import GrpcServer, LlamaServer, free_port, llama_server_binary
 from bench.harness.prompts import PromptMaker
-from bench.harness.results import Skipped
+from bench.harness.results import load_now
 from bench.harness.stats import ratio
 from bench.harness.tables import fmt, table, verdict
 
@@ -41,18 +39,6 @@ QUICK_PER_CLIENT = {1: 2, 8: 1}
 CTX = 8192
 ARMS = ("grpc", "http", "llama_server")
 TTFT_FROM = 8  # the TTFT target applies from this many streams
-
-
-def _llama_server() -> Path:
-    path = Path(os.environ.get("LLAMA_SERVER", ROOT / ".llama-tools" / "bin" / "llama-server"))
-    if not path.is_file():
-        raise Skipped(f"{path} missing: run `make llama-tools` (or set LLAMA_SERVER)")
-    return path
-
-
-def _uptime() -> dict[str, Any]:
-    text = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    return {"uptime": text, "load1": os.getloadavg()[0]}
 
 
 async def _arm(arm: str, ours: GrpcServer, http_url: str, peer_url: str, prompts: list[list[str]],
@@ -72,7 +58,7 @@ def _level(cfg: BenchConfig, ours: GrpcServer, http_port: int, c: int, maker: Pr
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
     pooled: dict[str, list[ReqResult]] = {a: [] for a in ARMS}
     model = Path(cfg.model).name.removesuffix(".gguf")
-    with LlamaServer(f"P-llama-server-np{c}", _llama_server(), cfg.model, parallel=c, ctx=CTX,
+    with LlamaServer(f"P-llama-server-np{c}", llama_server_binary(), cfg.model, parallel=c, ctx=CTX,
                      threads=cfg.server_threads()) as peer:
         warm = [["warm up the server"]]
         for url, name in ((f"http://127.0.0.1:{http_port}", model), (peer.base_url, "peer")):
@@ -81,7 +67,7 @@ def _level(cfg: BenchConfig, ours: GrpcServer, http_port: int, c: int, maker: Pr
             asyncio.run(sse_load.closed_loop(url, name, warm, 4))
         for r in range(rounds):
             for arm in ARMS if r % 2 == 0 else tuple(reversed(ARMS)):
-                load = _uptime()
+                load = load_now()
                 prompts = [maker.unique(per, 30, 60) for _ in range(c)]
                 t0 = time.perf_counter()
                 results = asyncio.run(_arm(arm, ours, f"http://127.0.0.1:{http_port}", peer.base_url, prompts,
@@ -100,7 +86,7 @@ def _level(cfg: BenchConfig, ours: GrpcServer, http_port: int, c: int, maker: Pr
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    _llama_server()  # skip early when the peer is not built
+    llama_server_binary()  # skip early when the peer is not built
     levels = (1, 8) if cfg.quick else LEVELS
     rounds = 1 if cfg.quick else 2
     max_tokens = 16 if cfg.quick else 64
