@@ -33,7 +33,7 @@ class ServerConfig:
     batch_prefill_tokens: int = 64
     batch_rows_with_interactive: int = 0
     prefix_cache: bool = True
-    prefix_cache_tokens: int = 2048
+    prefix_cache_tokens: int = 512
     prefix_host_cache_mib: int = 512
     scheduling: str = "priority"
     aging_s: float = 30.0
@@ -103,8 +103,9 @@ HELP = {
     "batch-tier rows per step (skipped rows rotate: they lose a step, not their place; 0 = no cap; "
     "measured at 32 batch streams, 8 cost 30-50%% of batch tok/s for no clear gain in interactive p99)",
     "prefix_cache": "reuse KV of shared prompt prefixes",
-    "prefix_cache_tokens": "most tokens of finished requests kept cached for reuse (idle cached cells "
-    "slow every decode step a little; size this to the shared prefixes you expect)",
+    "prefix_cache_tokens": "most tokens of finished requests kept cached for reuse in the KV pool (idle "
+    "cached cells slow other requests a little; what this evicts goes to the host tier, "
+    "--prefix-host-cache-mib)",
     "prefix_host_cache_mib": "host memory (MiB) for prefixes evicted from the KV pool: their cells are "
     "copied out and copied back on a later hit instead of being computed again (0 = off)",
     "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",

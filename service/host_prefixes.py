@@ -64,12 +64,15 @@ class HostPrefixes:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def holds(self, chain_hash: int) -> bool:
-        """Does a spilled entry hold the chain ending in ``chain_hash``?"""
-        return chain_hash in self._by_hash
+    def worth_spilling(self, hashes: Seq[int]) -> bool:
+        """Is a chain with these block hashes worth a copy: it fits, and it adds at least
+        ``min_blocks`` blocks to the longest of its prefixes already held?
 
-    def worth_spilling(self, num_blocks: int) -> bool:
-        return num_blocks >= self.min_blocks and num_blocks * self.block_size <= self.max_tokens
+        NOTE: a system prompt followed by a short user turn adds a block or two to a held prompt;
+        copying all of it again for those would cost a save per request and crowd the budget.
+        """
+        held = next((d for d in range(len(hashes), 0, -1) if hashes[d - 1] in self._by_hash), 0)
+        return len(hashes) - held >= self.min_blocks and len(hashes) * self.block_size <= self.max_tokens
 
     def add(self, entry: HostEntry) -> list[int]:
         """Index ``entry`` (most recently used); returns the keys dropped to stay within the budget."""

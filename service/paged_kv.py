@@ -401,10 +401,10 @@ class KVBlockManager:
         """Before the last block of a cached chain goes, save the whole chain to the host tier.
 
         Only a chain whose every block is still cached and held by one lane (the lane whose cells
-        are saved); a chain already spilled (a longer one holding it included) is not saved again.
+        are saved), and that adds enough to what the host tier holds (``worth_spilling``).
         """
         assert block.hash is not None
-        if self.host is None or self._children.get(block.hash) or self.host.holds(block.hash):
+        if self.host is None or self._children.get(block.hash):
             return
         chain = [block]
         while chain[-1].parent:
@@ -415,11 +415,11 @@ class KVBlockManager:
         chain.reverse()
         lanes = set.intersection(*(b.holders for b in chain))
         starts_ok = all(b.start == i * self.block_size for i, b in enumerate(chain))
-        if not lanes or not starts_ok or not self.host.worth_spilling(len(chain)):
+        hashes = tuple(b.hash for b in chain if b.hash is not None)
+        if not lanes or not starts_ok or not self.host.worth_spilling(hashes):
             return
-        tokens = tuple(t for b in chain for t in b.tokens)
-        entry = HostEntry(block.hash, tokens, tuple(b.hash for b in chain if b.hash is not None))
-        self._ops.append(KVOp("save", min(lanes), 0, len(tokens), key=entry.key))
+        entry = HostEntry(block.hash, tuple(t for b in chain for t in b.tokens), hashes)
+        self._ops.append(KVOp("save", min(lanes), 0, len(entry.tokens), key=entry.key))
         self._ops += [KVOp("drop", -1, 0, 0, key=key) for key in self.host.add(entry)]
 
     def _drop_cells(self, block: Block) -> None:

@@ -110,6 +110,15 @@ def test_a_load_finds_room_because_the_evictions_it_caused_are_applied_first() -
     run(kv, shadow, late)  # ShadowKV fails if the load's cells would overflow the pool
 
 
+def test_a_chain_adding_fewer_than_min_blocks_to_a_held_one_is_not_saved_again() -> None:
+    kv, shadow = spilling(host_tokens=200)
+    run(kv, shadow, seq([*system(100), 1]))  # 5 blocks saved
+    run(kv, shadow, seq([*system(100), *range(900, 900 + 3 * BS), 1]))  # + 3 blocks: not worth a copy
+    assert len(shadow.saved) == 1
+    run(kv, shadow, seq([*system(100), *range(900, 900 + 4 * BS), 1]))  # + 4 blocks: a second entry
+    assert len(shadow.saved) == 2 and kv.match_prefix(seq([*system(100), *range(900, 900 + 4 * BS), 2])).num_tokens == 36
+
+
 @pytest.mark.parametrize("budget", [0, 15])
 def test_no_chain_is_spilled_that_the_budget_cannot_hold(budget: int) -> None:
     kv, shadow = spilling(host_tokens=budget)
