@@ -58,8 +58,6 @@ class HostPrefixes:
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # LRU first
         self._by_hash: dict[int, set[int]] = {}  # chain hash -> keys of entries holding it
         self.num_tokens = 0
-        self.saves = 0
-        self.loads = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -81,7 +79,6 @@ class HostPrefixes:
         for h in entry.hashes:
             self._by_hash.setdefault(h, set()).add(entry.key)
         self.num_tokens += len(entry.tokens)
-        self.saves += 1
         dropped: list[int] = []
         while self.num_tokens > self.max_tokens:
             dropped.append(self._drop_lru())
@@ -100,7 +97,6 @@ class HostPrefixes:
     def use(self, key: int) -> None:
         """A hit is being loaded: it becomes the most recently used."""
         self._entries.move_to_end(key)
-        self.loads += 1
 
     def _drop_lru(self) -> int:
         key, entry = self._entries.popitem(last=False)

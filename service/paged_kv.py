@@ -63,6 +63,11 @@ class KVOp:
 HOST_GAIN_BLOCKS = 2  # a spilled chain must reach this many blocks past the pool's hit to be used
 
 
+def block_hash(parent: int, tokens: tuple[int, ...]) -> int:
+    """A full block's chain hash: its tokens and the chain hash of the block before it (0 first)."""
+    return hash((parent, tokens))
+
+
 @dataclass(eq=False)
 class Block:
     id: int
@@ -179,7 +184,7 @@ class KVBlockManager:
         last = seq.num_tokens - 1  # the last token is always computed (its logits are needed)
         for i in range(last // bs):
             toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = hash((parent, toks))
+            h = block_hash(parent, toks)
             block = self._cache.get(h)
             if block is None or block.tokens != toks:
                 break
@@ -200,7 +205,7 @@ class KVBlockManager:
             return None
         hashes, parent, bs = [], 0, self.block_size
         for i in range(num_blocks):
-            parent = hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+            parent = block_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
             hashes.append(parent)
         return self.host.match(seq.token_ids, hashes)
 
@@ -225,7 +230,7 @@ class KVBlockManager:
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_computed // bs):
             toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = hash((seq.block_hashes[-1] if seq.block_hashes else 0, toks))
+            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else 0, toks)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and h not in self._cache:
