@@ -34,77 +34,11 @@ the chains it evicts, outside the pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
 from service.host_prefixes import HostEntry, HostHit, HostPrefixes
+from service.kv_blocks import Block, KVOp, KVStats, PrefixHit, block_hash
 from service.request.sequence import Sequence
 
-
-@dataclass(frozen=True)
-class KVOp:
-    """A cell operation for the engine, applied in order before the next decode.
-
-    ``rm``: remove lane's cells in [p0, p1); ``cp``: share src's cells in [p0, p1) into lane;
-    ``save``: copy lane's cells in [p0, p1) to host memory under ``key``; ``load``: put the
-    cells saved under ``key`` into the (empty) lane, keeping [p0, p1), or compute ``tokens``
-    there when they are gone; ``drop``: forget what was saved under ``key``.
-    """
-
-    kind: Literal["rm", "cp", "save", "load", "drop"]
-    lane: int
-    p0: int
-    p1: int
-    src: int = -1
-    key: int = 0
-    tokens: tuple[int, ...] = ()
-
-
 HOST_GAIN_BLOCKS = 2  # a spilled chain must reach this many blocks past the pool's hit to be used
-
-
-def block_hash(parent: int, tokens: tuple[int, ...]) -> int:
-    """A full block's chain hash: its tokens and the chain hash of the block before it (0 first)."""
-    return hash((parent, tokens))
-
-
-@dataclass(eq=False)
-class Block:
-    id: int
-    ref_count: int = 0
-    hash: int | None = None  # set while registered in the prefix cache
-    tokens: tuple[int, ...] = ()
-    start: int = 0  # position of the block's first token
-    holders: set[int] = field(default_factory=set)  # lanes whose cells hold this block
-    last_used: int = 0
-    parent: int = 0  # hash of the previous block in its chain (while registered)
-
-
-@dataclass(frozen=True)
-class PrefixHit:
-    """What a new sequence can reuse: whole cached blocks, then part of one more.
-
-    ::
-
-        token_ids  [ b0 (16) | b1 (16) | t t t t t . . . ] [ rest to compute ]
-                     shared blocks       ^^^^^^^^^ ``partial_len`` tokens whose cells are
-                                         copied from cached ``partial``; the sequence
-                                         gets its own block for this range
-    """
-
-    blocks: tuple[Block, ...] = ()
-    partial: Block | None = None
-    partial_len: int = 0
-    num_tokens: int = 0
-    host: HostHit | None = None  # instead of the above: a spilled chain, copied back into the lane
-
-
-@dataclass
-class KVStats:
-    prompt_tokens: int = 0
-    hit_tokens: int = 0  # of which host_hit_tokens came back from the host tier
-    evictions: int = 0
-    host_hit_tokens: int = 0
 
 
 class KVBlockManager:
@@ -464,58 +398,3 @@ class KVBlockManager:
                 self._free_lanes.append(lane)
             return self._free_lanes.pop()
         return None
-
-    # -- integrity ------------------------------------------------------------------
-    def check_integrity(self, running: list[Sequence] | None = None) -> None:
-        """Assert the accounting invariants; raise AssertionError naming the first broken one."""
-        free, cached = set(self._free), set(self._evictable)
-        used = {b.id for b in self.blocks if b.ref_count > 0}
-        assert len(free) == len(self._free), "a block is on the free list twice"
-        assert not (free & cached) and not (free & used) and not (cached & used), "a block is in two states"
-        assert len(free) + len(used) + len(cached) == self.num_blocks, (
-            f"free {len(free)} + used {len(used)} + cached {len(cached)} != total {self.num_blocks}"
-        )
-        for h, block in self._cache.items():
-            assert block.hash == h, f"block {block.id} registered under a stale hash"
-            assert block.id in self._children.get(block.parent, ()), (
-                f"block {block.id} missing from its parent"
-            )
-        assert sum(map(len, self._children.values())) == len(self._cache), "stale prefix-tree entries"
-        for block in self.blocks:
-            if block.id in free:
-                assert not block.holders and block.hash is None, f"free block {block.id} still holds cells"
-            else:
-                assert block.holders, f"block {block.id} in use but held by no lane"
-            for lane in block.holders:
-                assert block.id in self._lane_blocks[lane], f"lane {lane} lost track of block {block.id}"
-        self._check_lanes()
-        if running is not None:
-            self._check_tables(running)
-
-    def _check_lanes(self) -> None:
-        free_lanes = set(self._free_lanes)
-        assert len(free_lanes) == len(self._free_lanes), "a lane is free twice"
-        assert not (free_lanes & self._running_lanes), "a lane is both free and running"
-        for lane, held in self._lane_blocks.items():
-            for bid in held:
-                assert lane in self.blocks[bid].holders, f"lane {lane} claims block {bid} it does not hold"
-            if lane in free_lanes:
-                assert not held, f"free lane {lane} still holds cells"
-            elif lane not in self._running_lanes:
-                assert held, f"lane {lane} is neither free, running nor holding"
-
-    def _check_tables(self, running: list[Sequence]) -> None:
-        refs: dict[int, int] = {}
-        for seq in running:
-            assert seq.lane in self._running_lanes, f"{seq.request_id} runs without its lane"
-            assert len(seq.block_table) >= self.blocks_for(seq.num_computed), f"{seq.request_id} lacks blocks"
-            for bid in seq.block_table:
-                refs[bid] = refs.get(bid, 0) + 1
-                assert seq.lane in self.blocks[bid].holders, f"{seq.request_id} block {bid} not in its lane"
-        for block in self.blocks:
-            assert block.ref_count == refs.get(block.id, 0), (
-                f"block {block.id} ref_count {block.ref_count} != {refs.get(block.id, 0)} table references"
-            )
-            if refs.get(block.id, 0) > 1:
-                assert block.hash is not None, f"unregistered block {block.id} is shared"
-        assert len(self._running_lanes) == len(running), "running lanes do not match running sequences"

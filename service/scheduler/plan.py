@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.paged_kv import KVOp
+from service.kv_blocks import KVOp
 from service.request.sequence import Sequence
 
 

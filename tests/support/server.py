@@ -2,7 +2,7 @@
 
 The server runs on its own event loop in a background thread, so both sync
 tests (blocking stubs) and async tests can talk to it. After every engine
-step the KV manager's ``check_integrity`` runs; violations are collected and
+step ``service.kv_integrity.check_integrity`` runs; violations are collected and
 asserted empty by ``assert_kv_clean``. The fixtures over these (``server``,
 ``channel``) are in tests/conftest.py.
 """
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from service.config import ServerConfig
+from service.kv_integrity import check_integrity
 from service.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ class RunningServer:
 
     def _check(self, engine: Any) -> None:
         try:
-            engine.kv.check_integrity(engine.scheduler.running)
+            check_integrity(engine.kv, engine.scheduler.running)
         except AssertionError as exc:  # recorded, asserted by tests
             self.violations.append(str(exc))
 
@@ -125,7 +126,7 @@ def assert_kv_clean(srv: RunningServer) -> None:
     assert srv.violations == [], srv.violations[:3]
     kv = srv.engine.kv
     assert kv.num_used == 0, f"{kv.num_used} blocks still referenced after all requests ended"
-    kv.check_integrity([])
+    check_integrity(kv, [])
 
 
 def free_port() -> int:

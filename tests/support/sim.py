@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from service.paged_kv import KVBlockManager, KVOp
+from service.kv_blocks import KVOp
+from service.kv_integrity import check_integrity
+from service.paged_kv import KVBlockManager
 from service.request.sequence import FinishReason, Sequence
 from service.scheduler.plan import Plan
 from service.scheduler.scheduler import Scheduler
@@ -99,7 +101,7 @@ def drive(sched: Scheduler, shadow: ShadowKV, max_steps: int = 10_000) -> int:
         plan = sched.schedule()
         sampled = fake_forward(sched, shadow, plan)
         sched.update(plan, sampled)
-        sched.kv.check_integrity(sched.running)
+        check_integrity(sched.kv, sched.running)
         steps += 1
         assert steps < max_steps, "scheduler made no progress"
     shadow.apply(sched.kv.take_ops())

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from service.host_prefixes import HostPrefixes
+from service.kv_integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.request.sequence import SamplingParams, Sequence
 from tests.support.sim import ShadowKV
@@ -41,10 +42,10 @@ def test_allocate_takes_blocks_on_demand_and_free_returns_them() -> None:
     s = seq(list(range(6)))
     assert admit(kv, s)
     assert len(s.block_table) == 2 and kv.num_used == 2  # 6 tokens: nothing reserved for max_tokens
-    kv.check_integrity([s])
+    check_integrity(kv, [s])
     kv.free(s)
     assert kv.num_used == 0 and kv.num_cached == 1  # the full block [0..3] stays cached
-    kv.check_integrity([])
+    check_integrity(kv, [])
 
 
 def test_cached_blocks_are_capped_lru_first_and_their_cells_removed() -> None:
@@ -59,7 +60,7 @@ def test_cached_blocks_are_capped_lru_first_and_their_cells_removed() -> None:
     assert shadow.lane_tokens(old_lane) == list(range(100, 104))  # old's tail block went first
     assert kv.match_prefix(seq(list(range(200, 209)))).num_tokens == 8  # the newest survive
     assert kv.match_prefix(seq(list(range(100, 109)))).num_tokens == 4
-    kv.check_integrity([])
+    check_integrity(kv, [])
 
 
 def test_prefix_is_shared_zero_copy_and_counted() -> None:
@@ -76,7 +77,7 @@ def test_prefix_is_shared_zero_copy_and_counted() -> None:
     shadow.apply(ops)
     compute(kv, b, shadow, 2)
     assert len(shadow.cells) == 9 + 2  # shared cells are not copied
-    kv.check_integrity([a, b])
+    check_integrity(kv, [a, b])
 
 
 def test_last_prompt_token_is_always_computed() -> None:
@@ -100,7 +101,7 @@ def test_eviction_is_lru_tail_first() -> None:
     assert kv.stats.evictions == 1
     c = seq([1, 2, 7], "c")
     assert len(kv.match_prefix(c).blocks) == 1, "the head of a's chain must survive, its tail evicted first"
-    kv.check_integrity([b])
+    check_integrity(kv, [b])
 
 
 def test_partial_block_is_reused_token_by_token() -> None:
@@ -119,7 +120,7 @@ def test_partial_block_is_reused_token_by_token() -> None:
     assert [(o.kind, o.src, o.p0, o.p1) for o in ops] == [("cp", a_lane, 0, 6)]  # one merged copy
     shadow.apply(ops)
     compute(kv, b, shadow, 1)  # checks the lane sees exactly b's tokens
-    kv.check_integrity([b])
+    check_integrity(kv, [b])
     lane = b.lane
     kv.free(b)
     shadow.apply(kv.take_ops())
@@ -134,7 +135,7 @@ def test_allocation_returns_false_when_memory_is_short() -> None:
     b = seq(list(range(100, 108)), "b")
     assert not admit(kv, b)
     assert b.lane is None and not b.block_table
-    kv.check_integrity([a])
+    check_integrity(kv, [a])
     assert not kv.append_slots(a, 8)
     assert kv.append_slots(a, 4)
 
@@ -145,7 +146,7 @@ def test_holder_lanes_are_bounded_and_reclaimed() -> None:
         s = seq([i * 10 + k for k in range(5)], f"s{i}")
         assert admit(kv, s, shadow)
         kv.free(s)
-        kv.check_integrity([])
+        check_integrity(kv, [])
     assert kv.num_holder_lanes <= 3
 
 
@@ -157,7 +158,7 @@ def test_preempt_then_resume_reuses_own_cached_blocks() -> None:
     s.reset_for_recompute()
     assert admit(kv, s, shadow)
     assert s.preemptions == 1 and s.num_cached == 0  # cached_tokens reports the first admission only
-    kv.check_integrity([s])
+    check_integrity(kv, [s])
 
 
 class KVMachine(RuleBasedStateMachine):
@@ -212,7 +213,7 @@ class KVMachine(RuleBasedStateMachine):
 
     @invariant()
     def integrity(self) -> None:
-        self.kv.check_integrity(self.running)
+        check_integrity(self.kv, self.running)
         if self.max_cached_blocks is not None:
             assert self.kv.num_cached <= self.max_cached_blocks
         for s in self.running:

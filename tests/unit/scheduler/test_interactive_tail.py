@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from service.kv_integrity import check_integrity
 from service.priority import FCFSPolicy
 from service.request.sequence import Priority, SeqStatus
 from service.scheduler.batch_rows import BatchRowCap
@@ -18,7 +19,7 @@ from tests.unit.scheduler.test_scheduler import Clock, make, mkseq
 def step(sched: Scheduler, shadow: ShadowKV) -> Plan:
     plan = sched.schedule()
     sched.update(plan, fake_forward(sched, shadow, plan))
-    sched.kv.check_integrity(sched.running)
+    check_integrity(sched.kv, sched.running)
     return plan
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from service.kv_integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, FCFSPolicy, PriorityPolicy, QueueFull
 from service.request.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
@@ -140,7 +141,7 @@ def test_steps_with_decode_rows_stay_under_the_mixed_cap() -> None:
         plan = sched.schedule()
         sizes.append({i.seq.request_id: i.num_tokens for i in plan.items})
         sched.update(plan, fake_forward(sched, shadow, plan))
-        kv.check_integrity(sched.running)
+        check_integrity(kv, sched.running)
     # one decode row + 9 prompt tokens per step (10 in all), then both decode
     assert sizes == [
         {"first": 1, "second": 9},
@@ -249,7 +250,7 @@ def test_abort_frees_everything() -> None:
         assert sched.abort(s)
     assert not sched.abort(seqs[0])
     assert sched.kv.num_used == 0
-    sched.kv.check_integrity([])
+    check_integrity(sched.kv, [])
 
 
 def test_batch_prefill_is_capped_per_step_interactive_is_not() -> None:
