@@ -84,14 +84,25 @@ class HostPrefixes:
             dropped.append(self._drop_lru())
         return dropped
 
-    def match(self, token_ids: Seq[int], hashes: Seq[int]) -> HostHit | None:
-        """The longest spilled prefix of a prompt whose full blocks hash to ``hashes`` (chain hashes)."""
+    def match(self, token_ids: Seq[int], hashes: Seq[int], limit: int) -> HostHit | None:
+        """The longest spilled prefix of a prompt whose full blocks hash to ``hashes`` (chain hashes),
+        at most ``limit`` tokens: the deepest whole blocks found, then as many tokens of the entry's
+        next block as the prompt shares.
+
+        NOTE: the partial block matters: a prompt that repeats a long system prompt with a new
+        user turn shares the block where the system prompt ends only in part, and without
+        the part it would compute up to a block of tokens again on every request.
+        """
         for depth in range(len(hashes), 0, -1):
-            for key in self._by_hash.get(hashes[depth - 1], ()):
-                entry = self._entries[key]
-                n = depth * self.block_size
-                if entry.hashes[depth - 1] == hashes[depth - 1] and tuple(token_ids[:n]) == entry.tokens[:n]:
-                    return HostHit(key, n, entry.tokens[:n])
+            n = depth * self.block_size
+            found = [
+                entry
+                for entry in map(self._entries.__getitem__, self._by_hash.get(hashes[depth - 1], ()))
+                if entry.hashes[depth - 1] == hashes[depth - 1] and tuple(token_ids[:n]) == entry.tokens[:n]
+            ]
+            if found:
+                best, k = max(((e, shared_len(e.tokens[n:], token_ids[n:limit])) for e in found), key=lambda x: x[1])
+                return HostHit(best.key, n + k, best.tokens[: n + k])
         return None
 
     def use(self, key: int) -> None:
@@ -107,3 +118,13 @@ class HostPrefixes:
                 del self._by_hash[h]
         self.num_tokens -= len(entry.tokens)
         return key
+
+
+def shared_len(a: Seq[int], b: Seq[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    k = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        k += 1
+    return k

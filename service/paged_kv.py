@@ -34,7 +34,7 @@ the chains it evicts, outside the pool.
 
 from __future__ import annotations
 
-from service.host_prefixes import HostEntry, HostHit, HostPrefixes
+from service.host_prefixes import HostEntry, HostHit, HostPrefixes, shared_len
 from service.kv_blocks import Block, KVOp, KVStats, PrefixHit, block_hash
 from service.request.sequence import Sequence
 
@@ -126,33 +126,29 @@ class KVBlockManager:
             parent = h
         start = len(hits) * bs
         partial, k = self._best_child(parent, seq.token_ids[start : min(start + bs, last)])
-        spilled = self._match_host(seq, last // bs)
+        spilled = self._match_host(seq, last)
         # NOTE: a spilled chain replaces the pool's hit only when it reaches HOST_GAIN_BLOCKS further:
         # sharing pool cells is free, copying back is not, and it duplicates the common part's cells.
         if spilled is not None and spilled.num_tokens >= start + k + HOST_GAIN_BLOCKS * bs:
             return PrefixHit(num_tokens=spilled.num_tokens, host=spilled)
         return PrefixHit(tuple(hits), partial, k, start + k)
 
-    def _match_host(self, seq: Sequence, num_blocks: int) -> HostHit | None:
-        """The longest spilled chain that starts ``seq``'s first ``num_blocks`` full blocks."""
+    def _match_host(self, seq: Sequence, limit: int) -> HostHit | None:
+        """The longest spilled chain that starts ``seq``, at most its first ``limit`` tokens."""
         if self.host is None or not len(self.host):
             return None
         hashes, parent, bs = [], 0, self.block_size
-        for i in range(num_blocks):
+        for i in range(limit // bs):
             parent = block_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
             hashes.append(parent)
-        return self.host.match(seq.token_ids, hashes)
+        return self.host.match(seq.token_ids, hashes, limit)
 
     def _best_child(self, parent: int, want: list[int]) -> tuple[Block | None, int]:
         """The cached block after ``parent`` sharing the most leading tokens with ``want``."""
         best, best_k = None, 0
         for bid in self._children.get(parent, ()):
             block = self.blocks[bid]
-            k = 0
-            for a, b in zip(block.tokens, want, strict=False):
-                if a != b:
-                    break
-                k += 1
+            k = shared_len(block.tokens, want)
             if k > best_k:
                 best, best_k = block, k
         return best, best_k

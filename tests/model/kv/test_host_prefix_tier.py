@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from tests.support.helpers import MarginRecorder, assert_same_greedy, req, run_stream
+from tests.support.helpers import MarginRecorder, assert_same_greedy, req, run_stream, wait_for
 from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_idle
 
 pytestmark = pytest.mark.model
@@ -31,11 +31,11 @@ def spilling() -> Iterator[RunningServer]:
     srv.close()
 
 
-def ask(srv: RunningServer, rid: str, question: str, rec: MarginRecorder) -> object:
+def ask(srv: RunningServer, rid: str, question: str, rec: MarginRecorder, system: str = SYSTEM) -> object:
     srv.engine.logits_hook = rec
     try:
         with grpc.insecure_channel(srv.target) as ch:
-            result = run_stream(ch, [req(rid, SYSTEM + question, 24, ignore_eos=True)])[rid]
+            result = run_stream(ch, [req(rid, system + question, 24, ignore_eos=True)])[rid]
     finally:
         srv.engine.logits_hook = None
     wait_idle(srv)
@@ -48,12 +48,12 @@ def test_an_evicted_prefix_is_copied_back_from_host_memory_and_gives_the_same_ou
     kv, runner, rec = spilling.engine.kv, spilling.engine.runner, MarginRecorder()
     hits_before = kv.stats.host_hit_tokens
     cold = ask(spilling, "cold", "Where is my parcel?", rec)
-    assert kv.num_cached == 0 and len(kv.host) >= 1  # evicted, spilled (the copy is made next step)
+    assert kv.num_cached == 0 and len(kv.host) >= 1  # evicted, spilled
     warm = ask(spilling, "warm", "Where is my parcel?", rec)
     prompt = warm.done.usage.prompt_tokens  # type: ignore[attr-defined]
-    whole_blocks = (prompt - 1) // BLOCK * BLOCK  # the last prompt token is always computed
-    assert warm.done.usage.cached_tokens == whole_blocks  # type: ignore[attr-defined]
-    assert kv.stats.host_hit_tokens - hits_before == whole_blocks and runner.spilled_bytes > 0
+    # every prompt token but the last (always computed): whole blocks, then part of the next one
+    assert warm.done.usage.cached_tokens == prompt - 1  # type: ignore[attr-defined]
+    assert kv.stats.host_hit_tokens - hits_before == prompt - 1 and runner.spilled_bytes > 0
     assert_same_greedy(cold.token_ids, warm.token_ids, rec.rows["cold"])  # type: ignore[attr-defined]
     assert_kv_clean(spilling)
 
@@ -75,3 +75,13 @@ def test_a_spilled_prefix_whose_bytes_are_gone_is_computed_again_with_the_same_o
     assert_same_greedy(cold.token_ids, warm.token_ids, rec.rows["cold2"])  # type: ignore[attr-defined]
     assert_kv_clean(spilling)
     assert len(kv.host) >= 1
+
+
+def test_a_finished_requests_prefix_is_copied_out_while_the_engine_is_idle(spilling: RunningServer) -> None:
+    """Not in the next request's first step: that request would wait for the copy (~10 ms per 1,000 tokens)."""
+    runner, rec = spilling.engine.runner, MarginRecorder()
+    saved = len(runner._spilled)
+    other = "You catalogue rare books for a university library and answer questions about them. " * 4
+    ask(spilling, "alone", "Which editions do you hold?", rec, system=other)  # a new chain: worth a copy
+    assert wait_for(lambda: len(runner._spilled) > saved, timeout=10), "the spill waited for a next step"
+    assert_kv_clean(spilling)

@@ -71,6 +71,18 @@ def test_a_prompt_sharing_only_the_first_blocks_of_a_spilled_chain_gets_those_bl
     assert kv.stats.host_hit_tokens == 16
 
 
+def test_a_prompt_sharing_part_of_the_block_after_a_spilled_chains_whole_blocks_gets_those_tokens_too() -> None:
+    kv, shadow = spilling()
+    run(kv, shadow, seq([*system(100, blocks=6), 1]))  # saved: 6 blocks, tokens 100..123
+    later = seq([*system(100, blocks=5), 120, 121, 9, 9])  # 5 whole blocks, then 2 tokens of the 6th
+    hit = kv.match_prefix(later)
+    assert hit.host is not None and hit.num_tokens == 22 and hit.host.tokens == tuple(range(100, 122))
+    run(kv, shadow, later)  # the load keeps [0, 22) of the 24 saved cells (run() checks the lane)
+    assert kv.stats.host_hit_tokens == 22
+    same = seq(system(100, blocks=6))  # the whole chain again: all but its last token (always computed)
+    assert kv.match_prefix(same).num_tokens == 23
+
+
 def test_a_chain_is_saved_once_not_again_as_its_blocks_go_one_by_one_and_not_when_short() -> None:
     kv, shadow = spilling()
     run(kv, shadow, seq([*system(100), 1]))
