@@ -101,7 +101,9 @@ class HostPrefixes:
                 if entry.hashes[depth - 1] == hashes[depth - 1] and tuple(token_ids[:n]) == entry.tokens[:n]
             ]
             if found:
-                best, k = max(((e, shared_len(e.tokens[n:], token_ids[n:limit])) for e in found), key=lambda x: x[1])
+                tail = token_ids[n:limit]
+                best = max(found, key=lambda e: shared_len(e.tokens[n:], tail))
+                k = shared_len(best.tokens[n:], tail)
                 return HostHit(best.key, n + k, best.tokens[: n + k])
         return None
 
