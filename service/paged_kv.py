@@ -126,19 +126,20 @@ class KVBlockManager:
             parent = h
         start = len(hits) * bs
         partial, k = self._best_child(parent, seq.token_ids[start : min(start + bs, last)])
-        spilled = self._match_host(seq, last)
+        spilled = self._match_host(seq, last, [b.hash for b in hits if b.hash is not None])
         # NOTE: a spilled chain replaces the pool's hit only when it reaches HOST_GAIN_BLOCKS further:
         # sharing pool cells is free, copying back is not, and it duplicates the common part's cells.
         if spilled is not None and spilled.num_tokens >= start + k + HOST_GAIN_BLOCKS * bs:
             return PrefixHit(num_tokens=spilled.num_tokens, host=spilled)
         return PrefixHit(tuple(hits), partial, k, start + k)
 
-    def _match_host(self, seq: Sequence, limit: int) -> HostHit | None:
-        """The longest spilled chain that starts ``seq``, at most its first ``limit`` tokens."""
+    def _match_host(self, seq: Sequence, limit: int, hashes: list[int]) -> HostHit | None:
+        """The longest spilled chain that starts ``seq``, at most its first ``limit`` tokens;
+        ``hashes``: the chain hashes of its first blocks, already found in the pool (extended here)."""
         if self.host is None or not len(self.host):
             return None
-        hashes, parent, bs = [], 0, self.block_size
-        for i in range(limit // bs):
+        parent, bs = hashes[-1] if hashes else 0, self.block_size
+        for i in range(len(hashes), limit // bs):
             parent = block_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
             hashes.append(parent)
         return self.host.match(seq.token_ids, hashes, limit)
