@@ -66,7 +66,7 @@ class InferenceServer:
         self.tenancy = Tenancy.from_file(config.auth_tokens, config.fair_share)
         self.telemetry.tenancy = self.tenancy
         self.response_cache = build_cache(cache_config(config))  # a bad --response-cache-db fails here too
-        cache = self.telemetry.response_cache = CacheFront(self.response_cache, self.telemetry)
+        cache = self.telemetry.response_cache = CacheFront(self.response_cache)
         self.intake = Intake(self.telemetry, self.tenancy, cache)
         self.servicer = InferenceServicer(self.intake, stream_limits(config))
         self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens --batch-db
@@ -233,4 +233,5 @@ class InferenceServer:
         if self.grammar is not None:
             self.grammar.close()
         self.intake.cache.close()
+        self.intake.close()
         self.telemetry.shutdown()

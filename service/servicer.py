@@ -1,16 +1,17 @@
-"""gRPC servicer: a thin translator between protos and engine ``Sequence``s.
+"""gRPC servicer: a thin translator between protos and the request lifecycle.
 
-RPC handlers prepare a Sequence and submit it through the ``Intake``
-(``service.api.intake``, shared with the batch service), and stream the
-engine's events back. Client cancellation (cancel message, closed stream,
-expired deadline) becomes ``intake.abort``. ``Generate``'s per-stream state
-lives in ``service.api.generate_stream``.
+``Generate`` turns each request message into an ``Ask`` for the lifecycle
+(``service.api.intake``; per-stream ids, cancel and backpressure in
+``service.api.generate_stream``); ``GenerateJSON`` is the lifecycle plus the
+JSON document's checks and layout. Client cancellation (cancel message, closed
+stream, expired deadline) cancels the request's flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,19 +19,18 @@ import grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from service.api.cache_front import Replay
+from service.api.ask import Ask
 from service.api.generate_stream import GenerateStream, StreamLimits
-from service.api.intake import Intake, Need, rejection, rpc_deadline, unavailable_metadata
+from service.api.intake import Intake
 from service.api.json_layout import pretty_json
 from service.api.model_rpcs import ModelApi, model_api_for
 from service.api.proto_convert import done_proto, logprob_proto
-from service.api.stream_backlog import ACKS_METADATA_KEY
-from service.continuous_batcher import Draining
+from service.api.readiness import Need, rpc_deadline, unavailable_metadata
+from service.api.stream_backlog import ACKS_METADATA_KEY, acknowledges
 from service.observability.metrics_view import metrics_response
-from service.priority import QueueFull
 from service.request.errors import BadRequest
-from service.request.events import Delta, Done, Error
-from service.request.sequence import FinishReason, Sequence
+from service.request.events import Delta, Done, Error, Event
+from service.request.sequence import FinishReason
 from service.security.quotas import QUOTA_METADATA_KEY
 
 log = logging.getLogger("service.rpc")
@@ -54,8 +54,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.GenerateRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         await self.intake.require(context, Need.WORK)
-        stream = GenerateStream(self.intake, context, self.stream_limits)
-        if stream.backlog.acks:  # the client offered acknowledgements: accept them
+        acks = acknowledges(context.invocation_metadata())
+        stream = GenerateStream(self.intake, rpc_deadline(context), self.stream_limits, acks)
+        if acks:  # the client offered acknowledgements: accept them
             await context.send_initial_metadata(((ACKS_METADATA_KEY, "1"),))
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
@@ -66,108 +67,46 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             reader.cancel()
             stream.abort_all()
 
-    # -- GenerateJSON ------------------------------------------------------------------------
+    # -- GenerateJSON: the lifecycle, then the document's checks and layout ------------------------
     async def GenerateJSON(
         self, request: pb.GenerateJSONRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateJSONResponse:
-        await self.intake.require(context, Need.WORK)
-        if not request.json_schema:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "json_schema is empty")
-        result: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        seq = await self._prepare_json(request, context, result)
-        if (replay := await self.intake.cache.before_submit(seq, request, json_mode=True)) is not None:
-            return _laid_out(await self._cached_json(seq, replay, context), request.pretty)
-        try:
-            self.intake.submit(seq)
-        except (QueueFull, Draining) as exc:
-            r = rejection(exc)
-            quota = ((QUOTA_METADATA_KEY, r.quota),) if r.quota else ()
-            reason = unavailable_metadata(r.reason)
-            context.set_trailing_metadata((("retry-after-ms", str(r.retry_after_ms)), *quota, *reason))
-            await context.abort(grpc.StatusCode[r.status], r.message)
-        try:
-            evs = await result
-        except asyncio.CancelledError:
-            self.intake.abort(seq)
-            raise
-        return _laid_out(await self._json_response(seq, evs, context), request.pretty)
-
-    async def _prepare_json(
-        self, request: pb.GenerateJSONRequest, context: grpc.aio.ServicerContext, result: asyncio.Future[Any]
-    ) -> Sequence:
-        """The request's Sequence, with an ``emit`` that completes ``result``; aborts on bad input."""
-        try:
-            seq = await self.intake.prepare(
-                f"json-{id(result):x}",
-                request.prompt,
-                request.messages,
-                request.sampling,
-                request.priority,
-                ("json_schema", request.json_schema),
-                rpc_deadline(context),
-                json_mode=True,
-                raw_prompt=request.raw_prompt,
-            )
-            if seq.params.n != 1 or seq.params.echo_prompt_logprobs:
-                raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
-        except BadRequest as exc:
-            failure = (grpc.StatusCode[exc.status], str(exc))
-        except Exception as exc:  # a bug or an environment failure: this request only
-            log.exception("preparing a GenerateJSON request failed")
-            failure = (grpc.StatusCode.INTERNAL, f"preparing the request failed: {type(exc).__name__}")
-        else:
-            events: list[Any] = []
-
-            def on_event(ev: Any) -> None:
-                events.append(ev)
-                if isinstance(ev, Done | Error) and not result.done():
-                    self.intake.finished(seq, ev)
-                    result.set_result(events)
-
-            seq.emit = on_event
-            return seq
-        await context.abort(*failure)
-        raise AssertionError("unreachable")  # pragma: no cover - abort raises
-
-    async def _json_response(
-        self, seq: Sequence, evs: list[Any], context: grpc.aio.ServicerContext
-    ) -> pb.GenerateJSONResponse:
-        last = evs[-1]
+        ask = Ask.generate_json(request, f"json-{uuid.uuid4().hex}", rpc_deadline(context))
+        events = await self.intake.collect(ask)
+        last = events[-1]
         if isinstance(last, Error):
-            context.set_trailing_metadata(unavailable_metadata(last.reason))
-            await context.abort(grpc.StatusCode[last.status], last.message)
-        text = "".join(e.text for e in evs if isinstance(e, Delta))
+            await _abort(context, last)
+        assert isinstance(last, Done)
+        response = await self._document(request, events, last, context)
+        if request.pretty:
+            response.json = pretty_json(response.json)
+        return response
+
+    async def _document(
+        self, request: pb.GenerateJSONRequest, events: list[Event], last: Done, context: grpc.aio.ServicerContext
+    ) -> pb.GenerateJSONResponse:
+        """The finished document, validated again (a cache hit too); aborts for a cut-off or cancelled one."""
+        text = "".join(e.text for e in events if isinstance(e, Delta))
         if last.finish_reason is FinishReason.LENGTH:
-            hint = "" if seq.params.json_finish else " or set json_finish CLOSE_WITHIN_BUDGET"
+            closing = request.sampling.json_finish == pb.JSON_FINISH_CLOSE_WITHIN_BUDGET
+            hint = "" if closing else " or set json_finish CLOSE_WITHIN_BUDGET"
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
-                f"JSON document cut off at max_tokens={seq.params.max_tokens}; raise max_tokens{hint}",
+                f"JSON document cut off at max_tokens={last.completion_tokens}; raise max_tokens{hint}",
             )
         if last.finish_reason is FinishReason.CANCELLED:
             await context.abort(grpc.StatusCode.CANCELLED, "request cancelled")
         try:
-            self.intake.grammar.validate(seq.grammar, text)
+            schema = await self.intake.grammar.compiled("json_schema", request.json_schema, record=False)
+            self.intake.grammar.validate(schema, text)
         except BadRequest as exc:
             await context.abort(grpc.StatusCode[exc.status], str(exc))
         d = done_proto(last)
-        logprobs = [logprob_proto(e) for ev in evs if isinstance(ev, Delta) for e in ev.logprobs]
+        logprobs = [logprob_proto(e) for ev in events if isinstance(ev, Delta) for e in ev.logprobs]
         return pb.GenerateJSONResponse(
-            json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason, logprobs=logprobs
+            json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason, logprobs=logprobs,
+            cache_hit=last.cache_hit, semantic_cache_hit=last.semantic_cache_hit,
         )
-
-    async def _cached_json(
-        self, seq: Sequence, replay: Replay, context: grpc.aio.ServicerContext
-    ) -> pb.GenerateJSONResponse:
-        """A response-cache answer: the stored document (validated again) or the cache's error status."""
-        hit = replay.hit
-        if hit is None:
-            status, message, _ = replay.error or ("CANCELLED", "request cancelled", 0)
-            await context.abort(grpc.StatusCode[status], message)
-            raise AssertionError("unreachable")  # pragma: no cover - abort raises
-        response = await self._json_response(seq, replay.events, context)
-        response.cache_hit = True
-        response.semantic_cache_hit = hit.semantic
-        return response
 
     # -- GetMetrics ------------------------------------------------------------------------------
     async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -197,8 +136,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             await context.abort(grpc.StatusCode[exc.status], str(exc))
 
 
-def _laid_out(response: pb.GenerateJSONResponse, pretty: bool) -> pb.GenerateJSONResponse:
-    """GenerateJSONRequest.pretty: the document indented (``service.api.json_layout``)."""
-    if pretty:
-        response.json = pretty_json(response.json)
-    return response
+async def _abort(context: grpc.aio.ServicerContext, e: Error) -> None:
+    """End a unary RPC with the request's error; its retry hint, quota and reason in the trailing metadata."""
+    metadata = [("retry-after-ms", str(e.retry_after_ms))] if e.retry_after_ms else []
+    metadata += [(QUOTA_METADATA_KEY, e.quota)] if e.quota else []
+    context.set_trailing_metadata((*metadata, *unavailable_metadata(e.reason)))
+    await context.abort(grpc.StatusCode[e.status], e.message)

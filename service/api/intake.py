@@ -1,166 +1,97 @@
-"""The one way into the engine for every front end: ready check, prepare, submit, abort.
+"""The request lifecycle: the one way into the engine for every front end.
 
-Generate streams, GenerateJSON, the batch worker and the batch servicer all go
-through one ``Intake``; none of them holds the gRPC servicer.
+Every request (one of a gRPC ``Generate`` stream's, a ``GenerateJSON``, an
+HTTP request of any dialect, a batch item) is an ``Ask`` that its front end
+runs through ``Intake.run`` once, as a ``Flight`` (``service.api.flight``).
+The stages, in this order (``run`` calls 1-5, ``_on_event`` 6 and 7):
 
-Contract:
+=============  ===================================================================  =======================
+stage          what happens                                                         where
+=============  ===================================================================  =======================
+1 authenticate the caller's credential is still good (revoked: UNAUTHENTICATED)     ``Tenancy.recheck``
+2 ready        the drain rule (loading, draining, engine failed: UNAVAILABLE)      ``service.api.readiness``
+3 prepare      validate, render, tokenize, compile the grammar: off the event loop  ``service.api.preparer``
+4 cache        response-cache lookup and coalescing; a hit answers here             ``CacheFront.admit``
+5 submit       tenant quotas reserved, then engine admission (QueueFull, Draining)  ``Tenancy``, ``Engine``
+6 stream       each delta: kept for the cache, credential re-checked (<= 1/s),      ``_on_delta``
+               delivered; pause and cancel act on the flight
+7 finish       each choice's end: quota settled, then the cache record, then       ``_finish``
+               telemetry, then delivery: exactly one terminal event per request
+=============  ===================================================================  =======================
 
-* ``unavailable(need)`` says why the server does not answer a call now, or
-  None; it is the only place these conditions are decided. The rule, by what
-  the call needs (``Need``; every method of both services names its need):
-
-  ====================  =========  =============  ========
-  need                  loading    engine failed  draining
-  ====================  =========  =============  ========
-  ``WORK`` (engine)     refused    refused        refused
-  ``MODEL`` (read)      refused    answered       answered
-  ``STORE`` (batch db)  answered   answered       answered
-  ====================  =========  =============  ========
-
-  A refusal is UNAVAILABLE with the reason in the message and in the trailing
-  metadata key ``inference-unavailable-reason`` (``loading``, ``draining``,
-  ``engine_failed``: the last two mean "retry on another replica");
-* ``prepare`` validates request fields into a ``Sequence`` (not submitted;
-  raises ``BadRequest``), ``prepare_choices`` one per choice (``n``);
-* ``submit`` applies the tenant's quotas and admits into the engine;
-  ``QueueFull`` and ``Draining`` propagate, and telemetry and the response
-  cache have seen the request's end when they do;
-* ``rejection(exc)`` is the one mapping of a refused submit to a status.
+A refusal at any stage ends the flight with its ``Error`` (``rejection`` maps a
+refused submission); nothing here raises to a front end for a bad request.
+Event loop only; the engine's events arrive through ``loop.call_soon_threadsafe``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import time
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any
 
 import grpc
-from inference.v1 import inference_pb2 as pb
 
-from service.api.cache_front import CacheFront
+from service.api.ask import Ask
+from service.api.cache_front import CacheFront, Replay
+from service.api.flight import Flight, Sink
 from service.api.grammar_service import GrammarService
+from service.api.preparer import Preparer
+from service.api.readiness import Need, Unavailable, unavailable, unavailable_metadata
 from service.api.request_builder import RequestBuilder
 from service.continuous_batcher import Draining, Engine
 from service.observability.telemetry import Telemetry
 from service.priority import QueueFull
-from service.request.choices import link_choices
-from service.request.constraints import FinishBudget
 from service.request.errors import BadRequest
-from service.request.events import DRAINING, ENGINE_FAILED, LOADING, Error
+from service.request.events import Delta, Done, Error, Event
 from service.request.sequence import Sequence
-from service.request.text_stream import TextStream
-from service.security.auth import current_tenant
+from service.security.auth import current_credential, current_tenant
 from service.security.tenancy import Tenancy
 
-DEADLINE_MARGIN_S = 0.05
-REASON_METADATA_KEY = "inference-unavailable-reason"
+log = logging.getLogger("service.rpc")
+RECHECK_S = 1.0  # a running request sees a revoked credential within this long (plus the file check)
 
 
-class Need(Enum):
-    """What a call needs from the server, which decides when it is refused (see the module docstring)."""
+class Refused(Exception):
+    """A stage refused the request: the flight ends with ``error``."""
 
-    WORK = "work"  # starts engine work: Generate (each request), GenerateJSON, CreateBatch
-    MODEL = "model"  # reads the loaded model or engine: Tokenize, Detokenize, CountTokens, GetModelInfo, GetMetrics
-    STORE = "store"  # reads or cancels stored batch jobs: GetBatch, ListBatches, WatchBatch, GetBatchResults, ...
-
-
-@dataclass(frozen=True)
-class Unavailable:
-    """Why a call is refused: the status message and the machine-readable reason."""
-
-    reason: str  # service.request.events.LOADING, DRAINING or ENGINE_FAILED
-    message: str
+    def __init__(self, error: Error) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
-@dataclass(frozen=True)
-class Rejection:
-    """Why a submit was refused, as a front end answers it."""
-
-    status: str  # gRPC status name
-    message: str
-    retry_after_ms: int = 0
-    quota: str = ""  # the tenant quota that refused it, if one did
-    reason: str = ""  # UNAVAILABLE: draining or engine_failed (retry on another replica)
-
-    def error(self) -> Error:
-        """The refusal as a request's error event."""
-        return Error(self.status, self.message, self.reason)
-
-
-def rejection(exc: QueueFull | Draining) -> Rejection:
+def rejection(exc: QueueFull | Draining) -> Error:
     """A full queue or quota is RESOURCE_EXHAUSTED with its retry hint; draining or failed, UNAVAILABLE."""
     if isinstance(exc, QueueFull):
-        return Rejection("RESOURCE_EXHAUSTED", str(exc), exc.retry_after_ms, exc.quota)
-    return Rejection("UNAVAILABLE", f"{exc}; retry on another replica", 1000, reason=exc.reason)
-
-
-def unavailable_metadata(reason: str) -> tuple[tuple[str, str], ...]:
-    """Trailing metadata of an RPC that failed UNAVAILABLE for ``reason`` (none for no reason)."""
-    return ((REASON_METADATA_KEY, reason),) if reason else ()
-
-
-def budget_for(seq: Sequence) -> FinishBudget | None:
-    """Budget-aware completion state for a ``json_finish`` request; refuses one that cannot fit.
-
-    Raises BadRequest(OUT_OF_RANGE) naming the minimum when even the shortest
-    valid document is longer than max_tokens.
-    """
-    shortest = seq.grammar.min_tokens if seq.grammar is not None else None
-    if not seq.params.json_finish or shortest is None:
-        return None  # NOTE: no completion found from the start: the request behaves as without it
-    if shortest > seq.params.max_tokens:
-        raise BadRequest(
-            f"max_tokens={seq.params.max_tokens} is below the shortest valid document for this schema "
-            f"({shortest} tokens); raise max_tokens to at least {shortest}",
-            "OUT_OF_RANGE",
-        )
-    return FinishBudget(known=shortest)
-
-
-def rpc_deadline(context: grpc.aio.ServicerContext) -> float | None:
-    """The request's deadline: the RPC's, a little early.
-
-    NOTE: ending a request just before the RPC's own deadline lets the client
-    receive the server's event saying why (expired while queued) instead of a
-    bare DEADLINE_EXCEEDED from its own timer.
-    """
-    remaining = context.time_remaining()
-    if remaining is None:
-        return None
-    return time.monotonic() + remaining - min(DEADLINE_MARGIN_S, remaining / 10)
+        return Error("RESOURCE_EXHAUSTED", str(exc), retry_after_ms=exc.retry_after_ms, quota=exc.quota)
+    return Error("UNAVAILABLE", f"{exc}; retry on another replica", exc.reason, retry_after_ms=1000)
 
 
 class Intake:
-    """Prepares and submits requests into one Engine (event loop only)."""
+    """Runs requests through their lifecycle into one Engine (see the module docstring)."""
 
     # NOTE: built before the model loads (the server listens and answers health
     # NOT_SERVING meanwhile); ``attach`` supplies the engine once ready.
     engine: Engine
     builder: RequestBuilder
     grammar: GrammarService
+    preparer: Preparer
 
     def __init__(self, telemetry: Telemetry, tenancy: Tenancy, cache: CacheFront) -> None:
         self.telemetry, self.tenancy, self.cache = telemetry, tenancy, cache
         self.ready = False
+        self._runs: set[asyncio.Task[None]] = set()
 
     def attach(self, engine: Engine, builder: RequestBuilder, grammar: GrammarService) -> None:
         self.engine, self.builder, self.grammar = engine, builder, grammar
+        self.preparer = Preparer(builder, grammar)
         self.ready = True
 
+    # -- the drain rule (service.api.readiness) -----------------------------------------------------
     def unavailable(self, need: Need = Need.WORK) -> Unavailable | None:
-        """Why a call with this ``need`` is refused now, or None (the rule of the module docstring)."""
-        if need is Need.STORE:
-            return None
-        if not self.ready:
-            return Unavailable(LOADING, "model is loading; retry shortly")
-        if need is Need.MODEL:
-            return None
-        if self.engine.failure is not None:
-            return Unavailable(ENGINE_FAILED, f"engine failed ({self.engine.failure}); retry on another replica")
-        if self.engine.draining:
-            return Unavailable(DRAINING, "server is shutting down; retry on another replica")
-        return None
+        """Why a call with this ``need`` is refused now, or None."""
+        return unavailable(self.engine if self.ready else None, need)
 
     async def require(self, context: grpc.aio.ServicerContext, need: Need) -> None:
         """Abort the RPC with UNAVAILABLE (reason in the trailing metadata) if ``unavailable(need)``."""
@@ -168,68 +99,173 @@ class Intake:
             context.set_trailing_metadata(unavailable_metadata(why.reason))
             await context.abort(grpc.StatusCode.UNAVAILABLE, why.message)
 
-    async def prepare(
-        self,
-        request_id: str,
-        prompt: str,
-        messages: Any,
-        sampling: pb.SamplingParams,
-        priority: int,
-        fmt: tuple[str, str] | None,
-        deadline: float | None,
-        json_mode: bool = False,
-        raw_prompt: bool = False,
-    ) -> Sequence:
-        """Validate a request into a ready-to-submit Sequence; raises BadRequest.
+    # -- the lifecycle ----------------------------------------------------------------------------
+    def open(self, ask: Ask, sink: Sink) -> Flight:
+        """A flight for ``ask``; the caller's credential and tenant come from the call's context."""
+        return Flight(ask, sink, self, current_credential(), ask.tenant or current_tenant())
 
-        ``json_mode`` (GenerateJSON): a bare prompt is rendered as one user turn
-        through the model's own chat template unless ``raw_prompt`` (or the
-        model has none).
-        """
-        prio = self.builder.priority(priority)
-        if json_mode and prompt and not messages and not raw_prompt and self.builder.template.from_model:
-            prompt, messages = "", [pb.ChatMessage(role="user", content=prompt)]
-        ids = self.builder.prompt_ids(prompt, list(messages))
-        json_output = json_mode or (fmt is not None and fmt[0] == "json_schema")
-        params = self.builder.sampling(sampling, len(ids), json_mode=json_mode, json_output=json_output)
-        if params.stop and json_output:
-            raise BadRequest(
-                "stop strings cannot be combined with a JSON Schema: a document cut at a stop string "
-                "would not be valid JSON (the grammar ends the document itself)"
-            )
-        seq = Sequence(request_id=request_id, token_ids=ids, params=params, priority=prio, deadline=deadline)
-        seq.tenant = current_tenant()  # set by service.security.auth's interceptor
-        seq.text = TextStream(self.builder.vocab.token_bytes, params.stop)
-        if fmt is not None:
-            seq.matcher, seq.grammar = await self.grammar.matcher_for(*fmt)
-            seq.keys = self.grammar.key_guard(fmt[0])
-            seq.budget = budget_for(seq)
-        return seq
+    def start(self, ask: Ask, sink: Sink) -> Flight:
+        """``open`` and ``run`` in a task of its own (a stream goes on reading meanwhile)."""
+        flight = self.open(ask, sink)
+        task = asyncio.get_running_loop().create_task(self.run(flight))
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+        return flight
 
-    async def prepare_choices(self, request_id: str, *args: Any) -> list[Sequence]:
-        """``prepare`` once per choice (SamplingParams.n), linked to share one prompt; raises BadRequest."""
-        first = await self.prepare(request_id, *args)
-        rest = [await self.prepare(request_id, *args) for _ in range(1, first.params.n)]
-        return link_choices([first, *rest])
+    async def collect(self, ask: Ask) -> list[Event]:
+        """Run ``ask`` to its end: its events, the last one terminal. A cancelled caller cancels it."""
+        events: list[Event] = []
+        ended = asyncio.get_running_loop().create_future()
 
-    def submit(self, seq: Sequence) -> None:
-        """Submit; QueueFull/Draining propagate to the caller (telemetry sees them as the request's end)."""
-        self.telemetry.on_submit(seq)
+        def sink(event: Event, terminal: bool) -> None:
+            events.append(event)
+            if terminal:
+                ended.set_result(None)
+
+        flight = self.open(ask, sink)
         try:
-            self.tenancy.submit(seq, self.engine.submit)  # per-tenant quotas first (QuotaExceeded)
-        except (QueueFull, Draining) as exc:
-            self.telemetry.on_finish(seq, rejection(exc).error())
-            self.cache.submitted(seq, False)
+            await self.run(flight)
+            await ended
+        except asyncio.CancelledError:
+            flight.cancel()
             raise
-        self.cache.submitted(seq, True)
+        return events
 
-    def finished(self, seq: Sequence, event: Any) -> None:
-        """A request's terminal event reached its front end (telemetry ends its span)."""
-        self.telemetry.on_finish(seq, event)
+    async def run(self, f: Flight) -> None:
+        """Stages 1-5 for ``f`` (6 and 7 follow from the engine's events); a refusal ends the flight."""
+        try:
+            self._authenticate(f)
+            if (why := self.unavailable(Need.WORK)) is not None:
+                raise Refused(Error("UNAVAILABLE", why.message, why.reason, retry_after_ms=1000))
+            seqs = await self.prepare(f.ask, f.tenant)
+            if not self._stopped(f, len(seqs)) and not await self._answered_from_cache(f, seqs):
+                self._submit(f, seqs)
+        except Refused as exc:
+            self._end(f, exc.error)
+        except BadRequest as exc:
+            self._end(f, Error(exc.status, str(exc)))
+        except Exception as exc:  # a bug or an environment failure: this request only
+            log.exception("preparing request failed")
+            self._end(f, Error("INTERNAL", f"preparing the request failed: {type(exc).__name__}"))
 
+    def _authenticate(self, f: Flight) -> None:
+        """Stage 1: the credential that authenticated the call is still in force."""
+        if (denial := self.tenancy.recheck(f.credential)) is not None:
+            raise Refused(Error(denial[0].name, denial[1]))
+        f.checked_at = time.monotonic()
+
+    async def prepare(self, ask: Ask, tenant: str = "anonymous") -> list[Sequence]:
+        """Stage 3: the request's choices, not submitted; raises BadRequest (also batch uploads' check)."""
+        return await self.preparer.prepare(ask, tenant)
+
+    def _stopped(self, f: Flight, choices: int) -> bool:
+        """A flight cancelled before submission ends here: each choice CANCELLED, or the cancel's error."""
+        if f.cancelled and f.cancel_error is not None:
+            self._end(f, f.cancel_error)
+        elif f.cancelled:
+            for i in range(choices - 1):
+                f.sink(Done.cancelled(i), False)
+            self._end(f, Done.cancelled(choices - 1))
+        return f.cancelled
+
+    async def _answered_from_cache(self, f: Flight, seqs: list[Sequence]) -> bool:
+        """Stage 4: True when the response cache answered (or ended) the request."""
+        seq = seqs[0]
+        outcome = await self.cache.admit(f.ask, seq, lambda: f.cancelled)
+        if not isinstance(outcome, Replay):
+            f.ticket = outcome
+            if self._stopped(f, len(seqs)):
+                self.cache.abandon(f.ticket)
+                return True
+            return False
+        if outcome.hit is not None:  # NOTE: telemetry counts a hit as a request that ran
+            self.telemetry.on_submit(seq)
+            self.telemetry.cache_hit(seq, True)
+            self.telemetry.on_finish(seq, outcome.events[-1])
+        for ev in outcome.events[:-1]:
+            f.sink(ev, False)
+        self._end(f, outcome.events[-1])
+        return True
+
+    def _submit(self, f: Flight, seqs: list[Sequence]) -> None:
+        """Stage 5: each choice through its tenant's quotas into the engine; a refusal ends the flight."""
+        for n, seq in enumerate(seqs):
+            seq.emit = functools.partial(self._on_event, f, seq)
+            self.telemetry.on_submit(seq)
+            try:
+                self.tenancy.reserve(seq)  # QuotaExceeded is a QueueFull
+                try:
+                    self.engine.submit(seq)
+                except BaseException:
+                    self.tenancy.settle(seq, refused=True)
+                    raise
+            except (QueueFull, Draining) as exc:
+                f.refused = rejection(exc)
+                self.telemetry.on_finish(seq, f.refused)
+                for earlier in seqs[:n]:  # their terminal events settle them and find the flight ended
+                    self.engine.abort(earlier)
+                self.cache.abandon(f.ticket)
+                self._end(f, f.refused)
+                return
+        f.seqs, f.left = tuple(seqs), len(seqs)
+        if f.ticket is not None:
+            self.telemetry.cache_hit(seqs[0], False)
+        if f.paused:
+            f.pause(True)
+
+    # -- stages 6 and 7: the engine's events ---------------------------------------------------------
+    def _on_event(self, f: Flight, seq: Sequence, ev: Event) -> None:
+        if isinstance(ev, Delta):
+            self._on_delta(f, ev)
+        else:
+            self._finish(f, seq, ev)
+
+    def _on_delta(self, f: Flight, delta: Delta) -> None:
+        """Stage 6: one delta of a running request."""
+        if f.ended:
+            return
+        self.cache.record(f.ticket, delta)
+        f.sink(delta, False)
+        now = time.monotonic()
+        if f.credential is not None and now - f.checked_at >= RECHECK_S:
+            f.checked_at = now
+            if (denial := self.tenancy.recheck(f.credential)) is not None:
+                log.info("the credential of a running request was revoked; ending it")
+                f.cancel(Error(denial[0].name, denial[1]))
+
+    def _finish(self, f: Flight, seq: Sequence, ev: Done | Error) -> None:
+        """Stage 7: one choice ended. The work at a request's end, in this order, for every choice."""
+        self.tenancy.settle(seq)  # 1. quota: the reservation becomes the tokens used
+        if not f.ended:
+            self.cache.finish(f.ticket, ev)  # 2. response cache: the answer stored, followers woken
+        self.telemetry.on_finish(seq, ev)  # 3. telemetry: the request's span and counters
+        if f.ended:
+            return  # a choice aborted after its request ended (another choice's error)
+        f.left -= 1  # 4. delivery
+        if isinstance(ev, Error):
+            for other in f.seqs:  # one error ends the whole request
+                if other is not seq:
+                    self.engine.abort(other)
+            self._end(f, ev)
+        elif f.left > 0:
+            f.sink(ev, False)
+        else:
+            self._end(f, ev)
+
+    def _end(self, f: Flight, ev: Event) -> None:
+        """The one place a request's terminal event is delivered."""
+        if not f.ended:
+            f.ended = True
+            f.sink(ev, True)
+
+    # -- what a flight asks of the engine (``service.api.flight.Control``) ---------------------------
     def abort(self, seq: Sequence, error: Error | None = None) -> None:
         """Cancel ``seq`` wherever it is (its terminal event follows from the engine)."""
         self.engine.abort(seq, error)
 
     def pause(self, seq: Sequence, paused: bool) -> None:
         self.engine.pause(seq, paused)
+
+    def close(self) -> None:
+        if self.ready:
+            self.preparer.close()

@@ -6,7 +6,7 @@ import grpc
 from inference.v1 import inference_pb2 as pb
 
 from service.model.logprobs import TokenLogprob
-from service.request.events import Delta, Done
+from service.request.events import Delta, Done, Error, Event
 from service.request.sequence import FinishReason
 
 FINISH = {
@@ -29,6 +29,8 @@ def done_proto(d: Done) -> pb.Done:
         timing=pb.Timing(queue_ms=d.queue_ms, ttft_ms=d.ttft_ms, total_ms=d.total_ms),
         preemptions=d.preemptions,
         choice_index=d.choice_index,
+        cache_hit=d.cache_hit,
+        semantic_cache_hit=d.semantic_cache_hit,
     )
 
 
@@ -57,6 +59,20 @@ def error_proto(status: str, message: str, retry_after_ms: int = 0, quota: str =
         quota=quota,
         reason=reason,
     )
+
+
+def error_of(e: Error) -> pb.Error:
+    """An Error event as its proto."""
+    return error_proto(e.status, e.message, e.retry_after_ms, e.quota, e.reason)
+
+
+def event_proto(request_id: str, ev: Event) -> pb.GenerateResponse:
+    """One lifecycle event as the ``GenerateResponse`` that carries it."""
+    if isinstance(ev, Delta):
+        return pb.GenerateResponse(request_id=request_id, delta=delta_proto(ev))
+    if isinstance(ev, Done):
+        return pb.GenerateResponse(request_id=request_id, done=done_proto(ev))
+    return pb.GenerateResponse(request_id=request_id, error=error_of(ev))
 
 
 def response_format(rf: pb.ResponseFormat) -> tuple[str, str] | None:

@@ -1,11 +1,13 @@
 """Validation of request protos into engine inputs; every problem is a ``BadRequest``.
 
-Runs on the event loop before admission, so the engine thread never sees bad
-input.
+Runs in the lifecycle's prepare stage (``service.api.preparer``: a worker
+thread, never the event loop) before admission, so the engine thread never
+sees bad input.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -68,8 +70,16 @@ class RequestBuilder:
         return PRIORITIES[value]
 
     def prompt_ids(self, prompt: str, messages: list[pb.ChatMessage]) -> list[int]:
-        """Token ids of the raw prompt or the rendered chat; exactly one must be given."""
-        ids = self.render_tokens(prompt, messages)[1]
+        """Token ids of the raw prompt or the rendered chat; exactly one must be given.
+
+        Sizes are checked before the work that grows with them: a prompt whose
+        text is too long for any tokenization to fit the context is refused
+        before it is rendered, and a rendered chat before it is tokenized.
+        """
+        self._fits(len(prompt) + sum(len(m.content) for m in messages))
+        text, add, parse = self.render(prompt, messages)
+        self._fits(len(text))
+        ids = self.vocab.tokenize(text, add_special=add, parse_special=parse)
         if not ids:
             raise BadRequest("prompt is empty after tokenization")
         if len(ids) >= self.limits.max_context:
@@ -79,20 +89,34 @@ class RequestBuilder:
             )
         return ids
 
-    def render_tokens(
-        self,
-        prompt: str,
-        messages: list[pb.ChatMessage],
-        add_special: bool | None = None,
-        parse_special: bool | None = None,
-        field: str = "prompt",
-    ) -> tuple[str, list[int]]:
-        """The text Generate tokenizes (``prompt``, or the rendered chat) and its token ids.
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The most bytes one token of this model stands for (control tokens as their text)."""
+        v = self.vocab
+        return max(len(v.piece(t, special=True)) for t in range(v.n_vocab))
 
-        Unset flags take Generate's choice: a raw prompt gets BOS (if the model
-        wants one) and no special-token parsing; a rendered chat parses special
-        tokens and gets BOS unless the template wrote it. ``field`` names the
-        raw-text field in error messages (Tokenize calls it ``text``).
+    def _fits(self, chars: int) -> None:
+        """Refuse text of ``chars`` characters that no tokenization can fit into the context.
+
+        NOTE: a lower bound, so never a false refusal: a character is at least one
+        UTF-8 byte and no token covers more than ``max_piece_bytes`` bytes.
+        """
+        least = chars // max(self.max_piece_bytes, 1)
+        if least >= self.limits.max_context:
+            raise BadRequest(
+                f"prompt is at least {least} tokens ({chars} characters; no token of this model is longer "
+                f"than {self.max_piece_bytes} bytes); the context limit is {self.limits.max_context} tokens "
+                "(prompt plus generated tokens)"
+            )
+
+    def render(self, prompt: str, messages: list[pb.ChatMessage], field: str = "prompt") -> tuple[str, bool, bool]:
+        """The text Generate tokenizes (``prompt``, or the rendered chat), whether it gets BOS, and
+        whether special tokens are parsed in it.
+
+        A raw prompt gets BOS (if the model wants one) and no special-token
+        parsing; a rendered chat parses special tokens and gets BOS unless the
+        template wrote it. ``field`` names the raw-text field in error messages
+        (Tokenize calls it ``text``).
         """
         if prompt and messages:
             raise BadRequest(f"set either {field} or messages, not both")
@@ -103,11 +127,21 @@ class RequestBuilder:
                 raise BadRequest(str(exc)) from exc
             # A template that writes BOS itself must not get a second one.
             has_bos = bool(self.vocab.bos_text) and text.startswith(self.vocab.bos_text)
-            add, parse = not has_bos, True
-        elif prompt:
-            text, add, parse = prompt, True, False
-        else:
-            raise BadRequest(f"{field} is empty (set {field} or messages)")
+            return text, not has_bos, True
+        if prompt:
+            return prompt, True, False
+        raise BadRequest(f"{field} is empty (set {field} or messages)")
+
+    def render_tokens(
+        self,
+        prompt: str,
+        messages: list[pb.ChatMessage],
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+        field: str = "prompt",
+    ) -> tuple[str, list[int]]:
+        """The text Generate tokenizes and its token ids (``render``); unset flags take Generate's choice."""
+        text, add, parse = self.render(prompt, messages, field)
         add = add if add_special is None else add_special
         parse = parse if parse_special is None else parse_special
         return text, self.vocab.tokenize(text, add_special=add, parse_special=parse)

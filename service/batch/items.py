@@ -1,24 +1,25 @@
 """Batch items -> engine Sequences, and engine events -> item results (shared by upload and worker).
 
-An item is validated exactly as the streaming or JSON call validates its
-request (``InferenceServicer.prepare``), once at upload and again when it runs
-(the prepared Sequence is not stored, only the item's bytes).
+An item is an ``Ask`` of the batch tier (``item_ask``), validated by the
+lifecycle's prepare stage exactly as the streaming or JSON call's request,
+once at upload and again when it runs (the prepared Sequence is not stored,
+only the item's bytes).
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import replace
-from typing import Any
 
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import inference_pb2 as pb
 
+from service.api.ask import Ask, CacheAsk
+from service.api.grammar_service import GrammarService
 from service.api.intake import Intake
-from service.api.proto_convert import response_format
 from service.batch.store import ItemResult, ItemState
 from service.request.errors import BadRequest
-from service.request.events import Delta, Done, Error
+from service.request.events import Delta, Done, Error, Event
 from service.request.sequence import FinishReason, Sequence
 
 MAX_CUSTOM_ID_BYTES = 256
@@ -41,28 +42,28 @@ def _check_unsupported(sp: pb.SamplingParams) -> None:
         raise BadRequest("batch results carry no log-probabilities: unset logprobs and echo_prompt_logprobs")
 
 
-async def prepare(intake: Intake, item: bpb.BatchItem, request_id: str) -> Sequence:
-    """The item's Sequence in the batch tier (not submitted); raises BadRequest for a bad item."""
+def item_ask(item: bpb.BatchItem, request_id: str, tenant: str | None = None) -> Ask:
+    """The item as a request of the batch tier (``tenant``: the job's); raises BadRequest for a bad item."""
     kind = item.WhichOneof("request")
     if kind == "generate":
         g = item.generate
         if g.cancel:
             raise BadRequest("cancel is not an item: use CancelBatch")
         _check_unsupported(g.sampling)
-        fmt = response_format(g.response_format)
-        return await intake.prepare(
-            request_id, g.prompt, g.messages, g.sampling, pb.PRIORITY_BATCH, fmt, None
-        )
-    if kind == "generate_json":
-        j = item.generate_json
-        if not j.json_schema:
-            raise BadRequest("json_schema is empty")
-        _check_unsupported(j.sampling)
-        return await intake.prepare(
-            request_id, j.prompt, j.messages, j.sampling, pb.PRIORITY_BATCH, ("json_schema", j.json_schema),
-            None, json_mode=True, raw_prompt=j.raw_prompt,
-        )
-    raise BadRequest("set the item's generate or generate_json request")
+        ask = Ask.generate(g, None)
+    elif kind == "generate_json":
+        _check_unsupported(item.generate_json.sampling)
+        ask = Ask.generate_json(item.generate_json, request_id, None)
+    else:
+        raise BadRequest("set the item's generate or generate_json request")
+    # NOTE: items keep out of the response cache: a follower waiting on an identical running
+    # request would hold up the worker's claims, and a job's items are each computed once anyway.
+    return replace(ask, request_id=request_id, priority=pb.PRIORITY_BATCH, tenant=tenant, cache=CacheAsk(use=False))
+
+
+async def prepare(intake: Intake, item: bpb.BatchItem, request_id: str) -> Sequence:
+    """The item's Sequence, prepared as it will run (not submitted); raises BadRequest for a bad item."""
+    return (await intake.prepare(item_ask(item, request_id)))[0]
 
 
 def sort_key(seq: Sequence) -> bytes:
@@ -79,7 +80,9 @@ FINISH = {
 }
 
 
-def outcome(seq: Sequence, events: list[Any], json_item: bool, grammar: Any) -> tuple[ItemState, ItemResult]:
+async def outcome(
+    events: list[Event], json_item: bool, schema: str, grammar: GrammarService
+) -> tuple[ItemState, ItemResult]:
     """The stored state and result of a finished item run (its last event is Done or Error)."""
     last = events[-1]
     text = "".join(e.text for e in events if isinstance(e, Delta))
@@ -99,18 +102,18 @@ def outcome(seq: Sequence, events: list[Any], json_item: bool, grammar: Any) -> 
     if last.finish_reason is FinishReason.CANCELLED:
         return ItemState.CANCELLED, result
     if json_item:
-        problem = _json_problem(seq, text, last, grammar)
+        problem = await _json_problem(schema, text, last, grammar)
         if problem is not None:
             return ItemState.FAILED, replace(result, error_status=problem[0], error_message=problem[1])
     return ItemState.COMPLETED, result
 
 
-def _json_problem(seq: Sequence, text: str, done: Done, grammar: Any) -> tuple[str, str] | None:
+async def _json_problem(schema: str, text: str, done: Done, grammar: GrammarService) -> tuple[str, str] | None:
     """As GenerateJSON: a cut-off document is OUT_OF_RANGE, an invalid one the validator's status."""
     if done.finish_reason is FinishReason.LENGTH:
-        return "OUT_OF_RANGE", f"JSON document cut off at max_tokens={seq.params.max_tokens}; raise max_tokens"
+        return "OUT_OF_RANGE", f"JSON document cut off at max_tokens={done.completion_tokens}; raise max_tokens"
     try:
-        grammar.validate(seq.grammar, text)
+        grammar.validate(await grammar.compiled("json_schema", schema, record=False), text)
     except BadRequest as exc:
         return exc.status, str(exc)
     return None

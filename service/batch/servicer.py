@@ -21,7 +21,8 @@ import grpc
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import batch_pb2_grpc as bpb_grpc
 
-from service.api.intake import Intake, Need
+from service.api.intake import Intake
+from service.api.readiness import Need
 from service.api.tolerant_decoding import MALFORMED
 from service.batch.convert import job_proto, result_proto
 from service.batch.feed import ChangeFeed

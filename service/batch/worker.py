@@ -2,8 +2,8 @@
 
 One asyncio task on the server's event loop. Each round it claims queued
 items (``JobStore.claim`` marks them RUNNING and commits *before* anything
-starts), prepares them like any request (``service.batch.items.prepare``) and
-submits them in the batch tier through the intake (quotas, telemetry). At
+starts) and runs each through the request lifecycle like any request
+(``service.api.intake``: preparation, quotas, telemetry), in the batch tier. At
 most ``max_running`` items are in the engine at once (queued there or
 running), so live batch-tier streams keep their share.
 
@@ -44,16 +44,14 @@ from typing import Any
 from inference.v1 import batch_pb2 as bpb
 from opentelemetry import trace
 
+from service.api.flight import Flight
 from service.api.intake import Intake
-from service.batch.items import outcome, prepare
+from service.batch.items import item_ask, outcome
 from service.batch.leases import LeaseKeeper
 from service.batch.store import Claim, ItemResult, ItemState, JobState, StoreUnavailable
 from service.batch.store_thread import StoreThread
-from service.continuous_batcher import Draining
-from service.priority import QueueFull
 from service.request.errors import BadRequest
-from service.request.events import Done, Error
-from service.request.sequence import Sequence
+from service.request.events import Error, Event
 
 log = logging.getLogger("service.batch")
 ABORT_WHY = {
@@ -66,13 +64,13 @@ RECORD_RETRY_S = 30.0  # how long a result write is retried without leases (a st
 
 @dataclass
 class Running:
-    """One item in the engine."""
+    """One item in the lifecycle (being prepared, or in the engine)."""
 
     claim: Claim
-    seq: Sequence
     json_item: bool
     span: Any
-    events: list[Any] = field(default_factory=list)
+    flight: Flight | None = None
+    events: list[Event] = field(default_factory=list)
     aborted: JobState | None = None  # why we aborted it (job cancelled or expired)
     lost: bool = False  # its lease was taken over by another replica: nothing of it is recorded
 
@@ -172,10 +170,10 @@ class BatchWorker:
         will be refused; either way there is nothing to abort.
         """
         run = self.running.get((claim.job_id, claim.custom_id))
-        if run is None or run.claim != claim or run.lost or any(isinstance(e, Done | Error) for e in run.events):
+        if run is None or run.claim != claim or run.lost or run.flight is None or run.flight.ended:
             return False
         run.lost = True
-        self.intake.abort(run.seq)
+        run.flight.cancel()
         return True
 
     def _accepting(self) -> bool:
@@ -187,9 +185,9 @@ class BatchWorker:
         stopping: dict[str, JobState] = await self.db("stopping_jobs")
         for run in list(self.running.values()):
             why = stopping.get(run.claim.job_id)
-            if why is not None and run.aborted is None:
+            if why is not None and run.aborted is None and run.flight is not None:
                 run.aborted = why
-                self.intake.abort(run.seq)
+                run.flight.cancel()
 
     async def _fill(self) -> None:
         free = self.max_running - len(self.running)
@@ -203,45 +201,38 @@ class BatchWorker:
                 return
 
     async def _launch(self, claim: Claim) -> bool:
-        """Prepare and submit one claimed item; False when the engine refused it (it is requeued)."""
+        """Run one claimed item through the lifecycle; False when the engine refused it (it is requeued)."""
         item = bpb.BatchItem.FromString(claim.request)
         try:
-            seq = await prepare(self.intake, item, f"{claim.job_id}/{claim.attempt}/{claim.custom_id}")
-        except BadRequest as exc:  # valid at upload, not now (e.g. the server's limits changed)
+            ask = item_ask(item, f"{claim.job_id}/{claim.attempt}/{claim.custom_id}", claim.tenant)
+        except BadRequest as exc:  # valid at upload, not now
             await self._finish(claim, ItemState.FAILED, ItemResult(error_status=exc.status, error_message=str(exc)))
             return True
-        except Exception as exc:
-            log.exception("preparing a batch item failed")
-            failed = ItemResult(error_status="INTERNAL", error_message=f"preparing the item failed: {exc!r}")
-            await self._finish(claim, ItemState.FAILED, failed)
-            return True
-        seq.tenant = claim.tenant  # NOTE: the job's tenant, not the (absent) caller's
         span = self.tracer.start_span(
             "batch_item", attributes={"batch.id": claim.job_id, "batch.attempt": claim.attempt},
             links=_job_link(claim.trace),
         )
-        run = Running(claim, seq, item.WhichOneof("request") == "generate_json", span)
-        seq.emit = lambda ev: self._on_event(run, ev)
+        run = Running(claim, item.WhichOneof("request") == "generate_json", span)
+        run.flight = flight = self.intake.open(ask, lambda ev, terminal: self._on_event(run, ev, terminal))
         self.running[(claim.job_id, claim.custom_id)] = run
-        try:
-            with trace.use_span(span, end_on_exit=False):  # the request's span becomes its child
-                self.intake.submit(seq)
-        except (QueueFull, Draining) as exc:
-            del self.running[(claim.job_id, claim.custom_id)]
-            span.end()
-            await self.db("requeue", claim)
-            self._backoff_until = time.monotonic() + 0.2
-            log.debug("batch item requeued: %s", exc)
-            return False
-        return True
+        with trace.use_span(span, end_on_exit=False):  # the request's span becomes its child
+            await self.intake.run(flight)
+        if flight.refused is None:
+            return True
+        del self.running[(claim.job_id, claim.custom_id)]  # the engine or a quota is full: run it later
+        span.end()
+        await self.db("requeue", claim)
+        self._backoff_until = time.monotonic() + 0.2
+        log.debug("batch item requeued: %s", flight.refused.message)
+        return False
 
-    def _on_event(self, run: Running, event: Any) -> None:
+    def _on_event(self, run: Running, event: Event, terminal: bool) -> None:
         """Event loop: collect the item's events; its terminal one is recorded in the store."""
-        if self._stopping:
-            return  # stopped without drain: the item stays RUNNING in the store and runs again later
+        assert run.flight is not None
+        if self._stopping or run.flight.refused is not None:
+            return  # stopped without drain: the item stays RUNNING (runs again later); refused: requeued
         run.events.append(event)
-        if isinstance(event, Done | Error):
-            self.intake.finished(run.seq, event)
+        if terminal:
             task = asyncio.get_running_loop().create_task(self._record(run))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
@@ -249,7 +240,7 @@ class BatchWorker:
     async def _record(self, run: Running) -> None:
         claim, last = run.claim, run.events[-1]
         try:
-            state, result = outcome(run.seq, run.events, run.json_item, self.intake.grammar)
+            state, result = await outcome(run.events, run.json_item, _schema(run), self.intake.grammar)
             not_ours = state is ItemState.CANCELLED and run.aborted is None
             if run.lost:
                 pass  # NOTE: another replica runs the item now; the store would refuse this run's result
@@ -294,6 +285,12 @@ class BatchWorker:
         if await self.db("finish", claim, state, result):
             self.finished.append((time.monotonic(), claim.job_id))
 
+
+
+def _schema(run: Running) -> str:
+    """The JSON Schema a JSON item's document is checked against ("" for other items)."""
+    ask = run.flight.ask if run.flight is not None else None
+    return ask.fmt[1] if ask is not None and ask.json_mode and ask.fmt is not None else ""
 
 
 def _job_link(text: str) -> list[trace.Link]:

@@ -40,7 +40,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.api.intake import Intake, Need
+from service.api.intake import Intake
+from service.api.readiness import Need
 from service.http.answer import Answer, event_error
 from service.http.body import parse_json
 from service.http.config import HttpConfig

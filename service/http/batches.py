@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from service.api.intake import Need
+from service.api.readiness import Need
 from service.http.app import HttpApi
 from service.http.batch_lines import (
     ENDPOINTS,

@@ -21,7 +21,7 @@ import math
 
 from starlette.responses import Response
 
-from service.api.intake import REASON_METADATA_KEY
+from service.api.readiness import REASON_METADATA_KEY
 
 # gRPC status name -> (HTTP status, OpenAI error type)
 STATUS = {

@@ -1,10 +1,13 @@
-"""One HTTP request in the engine: a one-request ``GenerateStream`` over the shared ``Intake``.
+"""One HTTP request in the lifecycle: its ``Ask`` runs as a flight, its events come back in order.
 
-The HTTP API does not prepare or submit anything itself: it hands the
-``GenerateRequest`` it built to the same ``GenerateStream`` the gRPC
-``Generate`` RPC uses (preparation, the response cache, quotas, fair share,
-``n`` choices, backpressure on an unread stream, exactly one terminal event),
-and reads the stream's protos back.
+The HTTP API prepares and submits nothing itself: it translates the body into
+the ``GenerateRequest`` a gRPC client would send, and runs it through the same
+lifecycle (``Intake.start``: preparation, the response cache, quotas, fair
+share, ``n`` choices, exactly one terminal event). ``Run`` queues the events as
+protos for the answer writer and measures how far the client is behind: past
+``backlog_high`` unread events the flight pauses, and a client that stays that
+far behind for ``stall_timeout_s`` has its request cancelled
+(``service.api.stream_backlog``). HTTP requests have no deadline.
 
 A client that goes away is seen at once: ``watch_disconnect`` waits on the
 ASGI ``receive`` channel (which reports ``http.disconnect`` as soon as the
@@ -20,20 +23,13 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
-from service.api.generate_stream import GenerateStream, StreamLimits
+from service.api.ask import Ask
 from service.api.intake import Intake
+from service.api.proto_convert import event_proto
+from service.api.stream_backlog import Backlog, StreamLimits
+from service.request.events import Error, Event
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-
-
-class _NoDeadline:
-    """What ``GenerateStream`` reads of a gRPC context: no deadline, no call metadata (no stream acks)."""
-
-    def time_remaining(self) -> None:
-        return None
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ()
 
 
 class Run:
@@ -41,18 +37,31 @@ class Run:
 
     def __init__(self, intake: Intake, limits: StreamLimits, request_id: str, request: pb.GenerateRequest) -> None:
         request.request_id = self.request_id = request_id
-        self.stream = GenerateStream(intake, _NoDeadline(), limits)
-        self.stream.on_request(request)  # NOTE: schedules its preparation on this event loop
-        self.stream.reading = False  # no second request: the stream closes after this one's end
+        self.limits = limits
+        self.queue: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()
         self.aborted = False
+        self.flight = intake.start(Ask.generate(request, None), self._on_event)
+        self.backlog = Backlog(limits, False, self.flight.pause, self._on_stall)
+
+    def _on_event(self, event: Event, terminal: bool) -> None:
+        if self.aborted:
+            return
+        self.queue.put_nowait(event_proto(self.request_id, event))
+        self.backlog.on_produced()
+        if terminal:
+            self.queue.put_nowait(None)
+
+    def _on_stall(self) -> None:
+        message = f"cancelled: the client did not read its stream for {self.limits.stall_timeout_s:g} s"
+        self.flight.cancel(Error("CANCELLED", message))
 
     async def next(self) -> pb.GenerateResponse | None:
         """The next Delta/Done/Error proto; None after the terminal event (or an abort)."""
-        item = await self.stream.out.get()
+        item = await self.queue.get()
         if item is None:
-            self.stream.out.put_nowait(None)  # every later call sees the end too
+            self.queue.put_nowait(None)  # every later call sees the end too
         else:
-            self.stream.on_sent()
+            self.backlog.on_sent()
         return item
 
     async def events(self) -> AsyncIterator[pb.GenerateResponse]:
@@ -65,8 +74,9 @@ class Run:
         if self.aborted:
             return
         self.aborted = True
-        self.stream.abort_all()
-        self.stream.out.put_nowait(None)
+        self.backlog.cancel_stall()
+        self.flight.cancel()
+        self.queue.put_nowait(None)
 
 
 def watch_disconnect(receive: Receive, run: Run) -> asyncio.Task[None]:

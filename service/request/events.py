@@ -28,6 +28,13 @@ class Done:
     total_ms: float
     preemptions: int
     choice_index: int = 0
+    cache_hit: bool = False  # answered by the response cache (no engine work)
+    semantic_cache_hit: bool = False
+
+    @classmethod
+    def cancelled(cls, choice_index: int = 0) -> Done:
+        """A request cancelled before it reached the engine (nothing computed)."""
+        return cls(FinishReason.CANCELLED, 0, 0, 0, 0.0, 0.0, 0.0, 0, choice_index)
 
     @classmethod
     def of(cls, seq: Sequence) -> Done:
@@ -63,6 +70,11 @@ class Error:
     status: str
     message: str
     reason: str = ""
+    retry_after_ms: int = 0  # a refusal's retry hint (RESOURCE_EXHAUSTED, UNAVAILABLE)
+    quota: str = ""  # the tenant quota that refused the request, if one did
+
+
+Event = Delta | Done | Error  # what a request's front end receives: Delta*, then Done or Error
 
 
 def take_output(seq: Sequence, finished: bool) -> list[Delta]:

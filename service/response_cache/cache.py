@@ -1,10 +1,11 @@
-"""The response cache as the servicer sees it: plan a request, look it up, store its answer.
+"""The response cache as the request lifecycle sees it: plan a request, look it up, store its answer.
 
-Flow of one request (event loop only)::
+Flow of one request (event loop only; the lifecycle, ``service.api.intake``, makes these calls)::
 
     ticket = cache.ticket(seq, policy, ttl, semantic, prompt, messages, fmt, json_mode)
     hit = await cache.lookup(ticket, gave_up)   # exact, then semantic, then coalescing
-    hit is None -> cache.tap(ticket, seq)       # the answer is stored when its Done arrives
+    hit is None -> cache.record(ticket, delta)  # each delta of the answer, as it runs
+                   cache.finish(ticket, done)   # at its terminal event: stored, followers woken
                    (or cache.abandon(ticket) if it is never submitted)
 
 Only deterministic requests (``key.deterministic``) that replay as one text
@@ -187,21 +188,11 @@ class ResponseCache:
         return Hit(entry, semantic=True)
 
     # -- storing ----------------------------------------------------------------------------
-    def tap(self, t: Ticket, seq: Sequence) -> None:
-        """Record ``seq``'s output (wraps ``seq.emit``) and finish the ticket at its terminal event."""
-        if t.key is None:
-            return
-        emit = seq.emit
-
-        def recording(ev: Any) -> None:
-            if isinstance(ev, Delta):
-                t.texts.append(ev.text)
-                t.ids.extend(ev.token_ids)
-            else:
-                self.finish(t, ev if isinstance(ev, Done) else None)
-            emit(ev)
-
-        seq.emit = recording
+    def record(self, t: Ticket, delta: Delta) -> None:
+        """Keep one delta of a running leader's answer (stored at its ``finish``)."""
+        if t.key is not None and not t.finished:
+            t.texts.append(delta.text)
+            t.ids.extend(delta.token_ids)
 
     def finish(self, t: Ticket, done: Done | None) -> None:
         """The request ended (``done`` None: without an answer); stores it and wakes followers (once)."""

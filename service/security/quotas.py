@@ -14,8 +14,8 @@ names the quota, which the servicer also puts in the ``inference-quota``
 trailing metadata key / ``Error.quota`` so a caller can tell a quota from
 server overload.
 
-Threads: ``submit`` runs on the event loop; completion (the request's final
-event) too. ``snapshot`` may run on any thread (a lock guards the books).
+Threads: ``reserve`` and ``settle`` run on the event loop (the request
+lifecycle calls them: ``service.api.intake``). ``snapshot`` may run on any thread (a lock guards the books).
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from service.priority import QueueFull
-from service.request.events import Done, Error
 from service.request.sequence import Priority, Sequence
 from service.security.tenants import ANONYMOUS, Tenant
 
@@ -92,8 +90,11 @@ class TenantQuotas:
             books = self._books[name] = _Books()
         return books
 
-    def submit(self, seq: Sequence, tenant: Tenant | None, submit: Callable[[Sequence], None]) -> None:
-        """Check ``tenant``'s quotas, reserve, then ``submit(seq)``; raises QuotaExceeded (nothing kept)."""
+    def reserve(self, seq: Sequence, tenant: Tenant | None) -> None:
+        """Check ``tenant``'s quotas and reserve ``seq``'s tokens; raises QuotaExceeded (nothing kept).
+
+        Every reservation is ended by exactly one ``settle`` (the request's end, or its refusal).
+        """
         name = seq.tenant or ANONYMOUS
         need = seq.num_prompt_tokens + seq.params.max_tokens
         with self._lock:
@@ -107,19 +108,6 @@ class TenantQuotas:
             books.in_flight[seq.uid] = seq
             books.reserved[seq.uid] = need
             books.requests += 1
-        inner = seq.emit
-
-        def emit(event: Any) -> None:
-            if isinstance(event, Done | Error):
-                self._settle(name, seq)
-            inner(event)
-
-        seq.emit = emit
-        try:
-            submit(seq)
-        except BaseException:
-            self._settle(name, seq, refused=True)
-            raise
 
     def _check(self, t: Tenant, books: _Books, need: int) -> None:
         now = self._clock()
@@ -157,8 +145,12 @@ class TenantQuotas:
                 return _clamp_ms((at + WINDOW_S - now) * 1000.0)
         return _clamp_ms(books.e2e_ms)
 
-    def _settle(self, name: str, seq: Sequence, refused: bool = False) -> None:
-        """Release the request's place and turn its reservation into the tokens it used."""
+    def settle(self, seq: Sequence, refused: bool = False) -> None:
+        """Release ``seq``'s place and turn its reservation into the tokens it used (``refused``: none).
+
+        Idempotent: a sequence without a reservation is left alone.
+        """
+        name = seq.tenant or ANONYMOUS
         now = self._clock()
         with self._lock:
             books = self._get(name)

@@ -2,7 +2,7 @@
 
 Without ``--auth-tokens`` there is one tenant, ``anonymous``: no interceptor,
 no quotas, no fair-share work in the scheduler (the service behaves as before).
-With it, ``interceptors()`` authenticates calls (``service.security.auth``), ``submit``
+With it, ``interceptors()`` authenticates calls (``service.security.auth``), ``reserve``
 applies the tenant's quotas before the engine sees the request
 (``service.security.quotas``), and ``fair`` (unless ``--no-fair-share``) orders each
 priority tier by tenant (``service.scheduler.fair_share``).
@@ -11,7 +11,6 @@ priority tier by tenant (``service.scheduler.fair_share``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from service.request.sequence import Sequence
@@ -85,9 +84,13 @@ class Tenancy:
         if self.file is not None:
             self.file.reload()
 
-    def submit(self, seq: Sequence, submit: Callable[[Sequence], None]) -> None:
-        """Apply ``seq.tenant``'s quotas, then ``submit(seq)``; raises QuotaExceeded (a QueueFull)."""
-        self.quotas.submit(seq, self.tenant(seq.tenant), submit)
+    def reserve(self, seq: Sequence) -> None:
+        """Apply ``seq.tenant``'s quotas and reserve its tokens; raises QuotaExceeded (a QueueFull)."""
+        self.quotas.reserve(seq, self.tenant(seq.tenant))
+
+    def settle(self, seq: Sequence, refused: bool = False) -> None:
+        """``seq`` ended (or was refused): its reservation becomes the tokens it used."""
+        self.quotas.settle(seq, refused)
 
     def rows(self) -> list[dict[str, Any]]:
         """Per-tenant figures for GetMetrics: the file's tenants (or ``anonymous``), sorted by name."""

@@ -149,11 +149,11 @@ def test_one_failing_row_ends_only_its_own_request(
         def flush(self) -> str:
             return str(self.inner.flush())
 
-    async def prepare(rid: str, *args: Any, **kw: Any) -> Any:
-        seq = await real(rid, *args, **kw)
-        if rid == "bad":
-            seq.text = Failing(seq.text, at=6)
-        return seq
+    async def prepare(ask: Any, *args: Any) -> Any:
+        seqs = await real(ask, *args)
+        if ask.request_id == "bad":
+            seqs[0].text = Failing(seqs[0].text, at=6)
+        return seqs
 
     monkeypatch.setattr(intake, "prepare", prepare)
     reqs = [req(rid, "Hello there", 6, ignore_eos=True) for rid in ("ok1", "bad", "ok2")]

@@ -125,9 +125,9 @@ def test_refused_calls_never_reach_the_engine(
     intake = secure.server.intake
     original = intake.prepare
 
-    async def spy(request_id: str, *args: Any, **kw: Any) -> Any:
-        prepared.append(request_id)
-        return await original(request_id, *args, **kw)
+    async def spy(ask: Any, *args: Any) -> Any:
+        prepared.append(ask.request_id)
+        return await original(ask, *args)
 
     intake.prepare = spy  # type: ignore[method-assign]
     try:

@@ -16,7 +16,7 @@ from service.security.tenancy import Tenancy
 
 async def test_requests_while_loading_are_503_with_retry_after() -> None:
     telemetry = Telemetry()
-    intake = Intake(telemetry, Tenancy(), CacheFront(None, telemetry))  # never attached: "loading"
+    intake = Intake(telemetry, Tenancy(), CacheFront(None))  # never attached: "loading"
     front = HttpFrontEnd(HttpConfig(host="127.0.0.1", port=0, model_name="m"), intake, Tenancy())
     port = await front.start()
     try:
@@ -36,7 +36,7 @@ async def test_requests_while_loading_are_503_with_retry_after() -> None:
 
 async def test_a_taken_port_fails_the_start() -> None:
     telemetry = Telemetry()
-    intake = Intake(telemetry, Tenancy(), CacheFront(None, telemetry))
+    intake = Intake(telemetry, Tenancy(), CacheFront(None))
     first = HttpFrontEnd(HttpConfig(host="127.0.0.1", port=0, model_name="m"), intake, Tenancy())
     port = await first.start()
     try:

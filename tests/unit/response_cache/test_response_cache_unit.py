@@ -267,12 +267,9 @@ def _done(reason: FinishReason = FinishReason.STOP) -> Done:
 
 
 def _run(cache: ResponseCache, t: Ticket, reason: FinishReason = FinishReason.STOP, text: str = "ok") -> None:
-    """What a request that ran does: its deltas and its Done go through the tap."""
-    seq = _seq()
-    seq.emit = lambda _ev: None
-    cache.tap(t, seq)
-    seq.emit(Delta(text, (5, 6)))
-    seq.emit(_done(reason))
+    """What the lifecycle does for a request that ran: its deltas recorded, then its end."""
+    cache.record(t, Delta(text, (5, 6)))
+    cache.finish(t, _done(reason))
 
 
 def test_only_deterministic_single_answer_requests_get_a_key() -> None:

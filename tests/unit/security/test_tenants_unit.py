@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from service.priority import PriorityPolicy
-from service.request.events import Done
 from service.request.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence
 from service.scheduler.fair_share import FairShare
 from service.security.quotas import QuotaExceeded, TenantQuotas
@@ -63,13 +62,13 @@ def test_toml_tenants_file(tmp_path: Path) -> None:
 def test_max_queued_counts_requests_not_started() -> None:
     quotas, tenant = TenantQuotas(), Tenant("a", max_queued=2)
     first, second, third = seq("a", arrival=1), seq("a", arrival=2), seq("a", arrival=3)
-    quotas.submit(first, tenant, lambda s: None)
-    quotas.submit(second, tenant, lambda s: None)
+    quotas.reserve(first, tenant)
+    quotas.reserve(second, tenant)
     with pytest.raises(QuotaExceeded) as info:
-        quotas.submit(third, tenant, lambda s: None)
+        quotas.reserve(third, tenant)
     assert info.value.quota == "max_queued" and info.value.retry_after_ms >= 100
     first.first_scheduled = 1.0  # started: no longer queued
-    quotas.submit(third, tenant, lambda s: None)
+    quotas.reserve(third, tenant)
     assert quotas.snapshot()["a"] | {} == quotas.snapshot()["a"]
     assert quotas.snapshot()["a"]["rejected"] == 1 and quotas.snapshot()["a"]["in_flight"] == 3
 
@@ -78,29 +77,27 @@ def test_tokens_per_minute_reserved_then_settled() -> None:
     now = [0.0]
     quotas, tenant = TenantQuotas(clock=lambda: now[0]), Tenant("a", tokens_per_minute=100)
     a = seq("a", prompt=10, max_tokens=40)  # reserves 50
-    quotas.submit(a, tenant, lambda s: None)
-    quotas.submit(seq("a", prompt=10, max_tokens=30), tenant, lambda s: None)  # 90 reserved
+    quotas.reserve(a, tenant)
+    quotas.reserve(seq("a", prompt=10, max_tokens=30), tenant)  # 90 reserved
     with pytest.raises(QuotaExceeded):
-        quotas.submit(seq("a", prompt=10, max_tokens=20), tenant, lambda s: None)
+        quotas.reserve(seq("a", prompt=10, max_tokens=20), tenant)
     a.token_ids += [2] * 5  # a generated 5 tokens and finished: settles to 15
-    a.emit(Done.of(_finished(a)))
-    quotas.submit(seq("a", prompt=10, max_tokens=20), tenant, lambda s: None)  # 15 + 40 + 30 = 85
+    quotas.settle(_finished(a))
+    quotas.reserve(seq("a", prompt=10, max_tokens=20), tenant)  # 15 + 40 + 30 = 85
     with pytest.raises(QuotaExceeded) as info:
-        quotas.submit(seq("a", prompt=10, max_tokens=10), tenant, lambda s: None)
+        quotas.reserve(seq("a", prompt=10, max_tokens=10), tenant)
     assert info.value.quota == "tokens_per_minute"
     now[0] = 61.0  # the settled 15 left the window; 70 still reserved
-    quotas.submit(seq("a", prompt=10, max_tokens=10), tenant, lambda s: None)
+    quotas.reserve(seq("a", prompt=10, max_tokens=10), tenant)
 
 
 def test_refused_submission_releases_the_reservation() -> None:
     quotas, tenant = TenantQuotas(), Tenant("a", max_concurrent=1)
 
-    def refuse(_s: Sequence) -> None:
-        raise RuntimeError("queue full")
-
-    with pytest.raises(RuntimeError):
-        quotas.submit(seq("a"), tenant, refuse)
-    quotas.submit(seq("a"), tenant, lambda s: None)
+    refused = seq("a")
+    quotas.reserve(refused, tenant)  # then the engine refuses it (queue full): the lifecycle settles it refused
+    quotas.settle(refused, refused=True)
+    quotas.reserve(seq("a"), tenant)
     assert quotas.snapshot()["a"]["in_flight"] == 1 and quotas.snapshot()["a"]["requests"] == 1
 
 
@@ -254,8 +251,8 @@ def test_tenant_metrics_are_bounded_by_the_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({"tenants": {"a": {"token_sha256": [sha("x")], "weight": 2}}}))
     tenancy = Tenancy(TenantFile(path))
     known, unknown = seq("a"), seq("not-in-the-file")
-    tenancy.submit(known, lambda s: None)
-    tenancy.submit(unknown, lambda s: None)  # (the interceptor never lets such a name through)
+    tenancy.reserve(known)
+    tenancy.reserve(unknown)  # (the interceptor never lets such a name through)
     rows = tenant_metrics(tenancy)
     assert [(r.tenant, r.weight, r.requests_total, r.in_flight) for r in rows] == [("a", 2.0, 1, 1)]
     observed = _per_tenant("requests_total")(pb.GetMetricsResponse(tenants=rows))

@@ -1,0 +1,66 @@
+"""``Ask``: one request as every front end hands it to the lifecycle (``service.api.intake``).
+
+The gRPC ``Generate`` and ``GenerateJSON`` RPCs, each HTTP dialect and the
+batch worker translate what they received into an ``Ask`` and nothing else;
+the lifecycle validates it (``BadRequest`` for a bad field), so an ``Ask`` may
+hold anything a caller sent. Deadlines are absolute ``time.monotonic()``
+values (None: none); the front end derives them from its own protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inference.v1 import inference_pb2 as pb
+
+from service.api.proto_convert import response_format
+
+
+@dataclass(frozen=True)
+class CacheAsk:
+    """What the request asks of the response cache (``GenerateRequest`` fields of the same names)."""
+
+    policy: int = pb.CACHE_POLICY_UNSPECIFIED
+    ttl_s: int | None = None
+    semantic: bool = False
+    use: bool = True  # False: the request keeps out of the response cache altogether (batch items)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request, front-end neutral (see the module docstring)."""
+
+    request_id: str
+    prompt: str = ""
+    messages: tuple[pb.ChatMessage, ...] = ()
+    sampling: pb.SamplingParams = field(default_factory=pb.SamplingParams)
+    priority: int = pb.PRIORITY_UNSPECIFIED
+    fmt: tuple[str, str] | None = None  # (constraint kind, source): json_schema, regex, lark, gbnf
+    deadline: float | None = None
+    json_mode: bool = False  # GenerateJSON: one JSON document (a bare prompt is rendered as a user turn)
+    raw_prompt: bool = False  # json_mode: do not render a bare prompt through the chat template
+    cache: CacheAsk = CacheAsk()
+    tenant: str | None = None  # None: the caller's (set by authentication); batch items: the job's
+
+    @classmethod
+    def generate(cls, req: pb.GenerateRequest, deadline: float | None) -> Ask:
+        """A ``GenerateRequest`` (gRPC, or built by the HTTP API)."""
+        fmt = response_format(req.response_format) if req.HasField("response_format") else None
+        return cls(
+            req.request_id, req.prompt, tuple(req.messages), req.sampling, req.priority, fmt, deadline,
+            cache=_cache_ask(req),
+        )
+
+    @classmethod
+    def generate_json(cls, req: pb.GenerateJSONRequest, request_id: str, deadline: float | None) -> Ask:
+        """A ``GenerateJSONRequest``: its schema is the constraint (an empty one is refused in preparation)."""
+        return cls(
+            request_id, req.prompt, tuple(req.messages), req.sampling, req.priority,
+            ("json_schema", req.json_schema), deadline, json_mode=True, raw_prompt=req.raw_prompt,
+            cache=_cache_ask(req),
+        )
+
+
+def _cache_ask(req: pb.GenerateRequest | pb.GenerateJSONRequest) -> CacheAsk:
+    ttl = req.cache_ttl_s if req.HasField("cache_ttl_s") else None
+    return CacheAsk(req.cache_policy, ttl, req.semantic_cache)

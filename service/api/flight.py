@@ -1,0 +1,77 @@
+"""``Flight``: one request inside the lifecycle, as its front end holds it.
+
+A front end opens a flight with a ``Sink`` (``Intake.open``), hands it to
+``Intake.run``, and from then on may ``cancel`` or ``pause`` it at any stage:
+while it is prepared, while it waits on the response cache, while the engine
+runs it. Contract, for every flight:
+
+* the sink receives ``Delta`` events, then exactly one terminal event: an
+  ``Error``, or the ``Done`` of its last choice (``terminal=True``); with
+  ``n`` choices each earlier choice's ``Done`` comes with ``terminal=False``;
+* nothing reaches the sink after the terminal event;
+* a cancel before submission ends the flight at the next stage boundary
+  (a ``Done`` CANCELLED per choice, or the cancel's own ``Error``); after submission it
+  aborts every choice in the engine, whose terminal events follow.
+
+Event loop only.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from service.api.ask import Ask
+from service.request.events import Error, Event
+from service.request.sequence import Sequence
+from service.response_cache.cache import Ticket
+from service.security.auth import Credential
+
+
+class Sink(Protocol):
+    """Where a flight's events go (see the module docstring)."""
+
+    def __call__(self, event: Event, terminal: bool) -> None: ...
+
+
+class Control(Protocol):
+    """What a flight asks of the engine once it is submitted (``Engine.abort`` / ``Engine.pause``)."""
+
+    def abort(self, seq: Sequence, error: Error | None = None) -> None: ...
+    def pause(self, seq: Sequence, paused: bool) -> None: ...
+
+
+class Flight:
+    """One request in the lifecycle (see the module docstring)."""
+
+    def __init__(self, ask: Ask, sink: Sink, control: Control, credential: Credential | None, tenant: str) -> None:
+        self.ask, self.sink, self.control = ask, sink, control
+        self.credential = credential  # what authenticated the call: checked again while it streams
+        self.tenant = tenant  # whose request it is: quotas, fair share, cache scope
+        self.seqs: tuple[Sequence, ...] = ()  # the submitted choices (empty before submission)
+        self.left = 0  # choices whose terminal event has not come yet
+        self.ticket: Ticket | None = None  # the response cache's, when the request leads or stores
+        self.refused: Error | None = None  # the engine or a quota refused the submission
+        self.ended = False
+        self.paused = False
+        self.checked_at = 0.0  # when the credential was last checked (monotonic)
+        self.cancelled = False
+        self.cancel_error: Error | None = None  # a cancel's own error (None: a plain cancel, CANCELLED)
+
+    @property
+    def request_id(self) -> str:
+        return self.ask.request_id
+
+    def cancel(self, error: Error | None = None) -> None:
+        """Cancel the request wherever it is (``error``: end it with this error instead of CANCELLED)."""
+        if self.ended:
+            return
+        if not self.cancelled:
+            self.cancelled, self.cancel_error = True, error
+        for seq in self.seqs:
+            self.control.abort(seq, error)
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) scheduling the request's choices while its client does not read."""
+        self.paused = paused
+        for seq in self.seqs:
+            self.control.pause(seq, paused)

@@ -1,0 +1,113 @@
+"""The lifecycle's prepare stage: an ``Ask`` -> ready-to-submit ``Sequence``s, off the event loop.
+
+Rendering the chat, tokenizing and validating the sampling fields cost time
+that grows with the input, so they run in this module's own bounded thread
+pool (``WORKERS``), never on the event loop that answers every other call;
+grammar compilation has its own pool (``GrammarService``). Sizes are checked
+before the expensive work: a prompt whose bytes cannot fit the context is
+refused before it is rendered or tokenized (``RequestBuilder.prompt_ids``).
+
+Contract: ``prepare`` returns the request's choices (``SamplingParams.n``,
+linked to share one prompt), not submitted; every bad field is a
+``BadRequest`` with its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from inference.v1 import inference_pb2 as pb
+
+from service.api.ask import Ask
+from service.api.grammar_service import GrammarService
+from service.api.request_builder import RequestBuilder
+from service.request.choices import link_choices
+from service.request.constraints import FinishBudget
+from service.request.errors import BadRequest
+from service.request.sequence import Priority, SamplingParams, Sequence
+from service.request.text_stream import TextStream
+
+# NOTE: two threads: preparation is CPU work (jinja rendering holds the GIL, llama.cpp's tokenizer
+# releases it) and the machine this is sized for has two cores besides the engine's thread.
+WORKERS = 2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the worker thread computed for a request: its prompt tokens and validated fields."""
+
+    token_ids: tuple[int, ...]
+    params: SamplingParams
+    priority: Priority
+
+
+def budget_for(seq: Sequence) -> FinishBudget | None:
+    """Budget-aware completion state for a ``json_finish`` request; refuses one that cannot fit.
+
+    Raises BadRequest(OUT_OF_RANGE) naming the minimum when even the shortest
+    valid document is longer than max_tokens.
+    """
+    shortest = seq.grammar.min_tokens if seq.grammar is not None else None
+    if not seq.params.json_finish or shortest is None:
+        return None  # NOTE: no completion found from the start: the request behaves as without it
+    if shortest > seq.params.max_tokens:
+        raise BadRequest(
+            f"max_tokens={seq.params.max_tokens} is below the shortest valid document for this schema "
+            f"({shortest} tokens); raise max_tokens to at least {shortest}",
+            "OUT_OF_RANGE",
+        )
+    return FinishBudget(known=shortest)
+
+
+class Preparer:
+    """Prepares requests for one loaded model (see the module docstring)."""
+
+    def __init__(self, builder: RequestBuilder, grammar: GrammarService) -> None:
+        self.builder, self.grammar = builder, grammar
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="prepare")
+
+    async def prepare(self, ask: Ask, tenant: str) -> list[Sequence]:
+        """The request's choices, validated and ready to submit; raises BadRequest."""
+        plan = await asyncio.get_running_loop().run_in_executor(self._pool, self.plan, ask)
+        seqs = [await self._sequence(ask, plan, tenant) for _ in range(plan.params.n)]
+        return link_choices(seqs)
+
+    def plan(self, ask: Ask) -> Plan:
+        """Worker thread: render and tokenize the prompt, validate the fields (raises BadRequest)."""
+        prompt, messages = ask.prompt, list(ask.messages)
+        if ask.json_mode:
+            if not ask.fmt or not ask.fmt[1]:
+                raise BadRequest("json_schema is empty")
+            if prompt and not messages and not ask.raw_prompt and self.builder.template.from_model:
+                prompt, messages = "", [pb.ChatMessage(role="user", content=prompt)]
+        priority = self.builder.priority(ask.priority)
+        ids = self.builder.prompt_ids(prompt, messages)
+        json_output = ask.json_mode or (ask.fmt is not None and ask.fmt[0] == "json_schema")
+        params = self.builder.sampling(ask.sampling, len(ids), json_mode=ask.json_mode, json_output=json_output)
+        if params.stop and json_output:
+            raise BadRequest(
+                "stop strings cannot be combined with a JSON Schema: a document cut at a stop string "
+                "would not be valid JSON (the grammar ends the document itself)"
+            )
+        if ask.json_mode and (params.n != 1 or params.echo_prompt_logprobs):
+            raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
+        return Plan(tuple(ids), params, priority)
+
+    async def _sequence(self, ask: Ask, plan: Plan, tenant: str) -> Sequence:
+        """One choice's Sequence (event loop: cheap; the grammar compiles in its own pool)."""
+        seq = Sequence(
+            request_id=ask.request_id, token_ids=list(plan.token_ids), params=plan.params,
+            priority=plan.priority, deadline=ask.deadline,
+        )
+        seq.tenant = tenant
+        seq.text = TextStream(self.builder.vocab.token_bytes, plan.params.stop)
+        if ask.fmt is not None:
+            seq.matcher, seq.grammar = await self.grammar.matcher_for(*ask.fmt)
+            seq.keys = self.grammar.key_guard(ask.fmt[0])
+            seq.budget = budget_for(seq)
+        return seq
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
