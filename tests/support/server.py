@@ -2,7 +2,7 @@
 
 The server runs on its own event loop in a background thread, so both sync
 tests (blocking stubs) and async tests can talk to it. After every engine
-step ``service.kv_integrity.check_integrity`` runs; violations are collected and
+step ``service.kv.integrity.check_integrity`` runs; violations are collected and
 asserted empty by ``assert_kv_clean``. The fixtures over these (``server``,
 ``channel``) are in tests/conftest.py.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from service.config import ServerConfig
-from service.kv_integrity import check_integrity
+from service.kv.integrity import check_integrity
 from service.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
