@@ -17,8 +17,8 @@ from service.batch.service import BatchConfig
 from service.config import ServerConfig
 from service.continuous_batcher import Engine, EngineConfig
 from service.engine.speculator import SpecConfig
-from service.host_prefixes import HostPrefixes
 from service.http.config import HttpConfig
+from service.kv.host_prefixes import HostPrefixes
 from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
 from service.paged_kv import KVBlockManager

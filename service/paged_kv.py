@@ -28,14 +28,14 @@ NOTE: cached cells are not free to keep. With a unified pool llama.cpp attends
 land in the holes between cached ones. Measured on Gemma 3 270M: a 1,100-token
 prefill takes ~1.8 s beside an empty cache and 2.1-2.2 s beside ~2,000 cached
 cells of other prefixes; batch-16 decode steps pay 0-6% for 1,700-5,000 idle
-cells. The cap bounds that tax; the host tier (``service.host_prefixes``) keeps
+cells. The cap bounds that tax; the host tier (``service.kv.host_prefixes``) keeps
 the chains it evicts, outside the pool.
 """
 
 from __future__ import annotations
 
-from service.host_prefixes import HostEntry, HostHit, HostPrefixes, shared_len
-from service.kv_blocks import Block, KVOp, KVStats, PrefixHit, block_hash
+from service.kv.blocks import Block, KVOp, KVStats, PrefixHit, block_hash
+from service.kv.host_prefixes import HostEntry, HostHit, HostPrefixes, shared_len
 from service.request.sequence import Sequence
 
 HOST_GAIN_BLOCKS = 2  # a spilled chain must reach this many blocks past the pool's hit to be used

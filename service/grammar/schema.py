@@ -26,6 +26,8 @@ import jsonschema
 import referencing.exceptions
 from jsonschema_specifications import REGISTRY as METASCHEMAS
 
+from service.request.strict_json import unique_keys
+
 # Keywords whose removal can only widen the set of valid documents (pure
 # assertions, or applicators that only ever restrict, such as ``not``).
 DROPPABLE = frozenset(
@@ -146,15 +148,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
 def document_problem(validator: Any, text: str) -> str | None:
     """What is wrong with the JSON document ``text`` under ``validator``, or None if nothing.
 
@@ -163,7 +156,7 @@ def document_problem(validator: Any, text: str) -> str | None:
     are errors.
     """
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        doc = json.loads(text, object_pairs_hook=unique_keys, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         return f"document is not valid JSON: {exc}"
     try:

@@ -19,7 +19,7 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from service.kv_blocks import KVOp
+from service.kv.blocks import KVOp
 
 log = logging.getLogger("service.llama")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.kv_blocks import KVOp
+from service.kv.blocks import KVOp
 from service.request.sequence import Sequence
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.kv_blocks import PrefixHit
+from service.kv.blocks import PrefixHit
 from service.paged_kv import KVBlockManager
 from service.priority import QueuePolicy
 from service.request.sequence import Priority, SeqStatus, Sequence

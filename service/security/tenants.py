@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.request.strict_json import DuplicateKeyError, unique_keys
+
 log = logging.getLogger("service.auth")
 
 ANONYMOUS = "anonymous"
@@ -143,21 +145,6 @@ def _tenant(name: str, raw: dict[str, Any]) -> Tenant:
     return tenant
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads`` object hook: a key given twice is an error, not "the last one wins".
-
-    NOTE: plain ``json.loads`` keeps the last of two same-named tenants, so the
-    first tenant's tokens would stop working with nothing in the log. (TOML
-    refuses duplicate keys by itself.)
-    """
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise TenantFileError(f"{key!r} is given twice in one object (tenant names and keys must be unique)")
-        out[key] = value
-    return out
-
-
 def _check_disjoint(tenants: dict[str, Tenant]) -> None:
     """Refuse a token digest or identity listed under two tenants (which one would it authenticate?)."""
     owners: dict[bytes | str, str] = {}
@@ -180,10 +167,14 @@ def _check_disjoint(tenants: dict[str, Tenant]) -> None:
 def parse_table(text: str, toml: bool = False) -> TenantTable:
     """Parse the tenants file's text; raises TenantFileError (also for duplicate names, digests, identities)."""
     try:
-        raw = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=_unique_keys)
+        raw = tomllib.loads(text) if toml else json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKeyError as exc:
+        # NOTE: plain json.loads would keep the last of two same-named tenants, so the first tenant's
+        # tokens would stop working with nothing in the log. (TOML refuses duplicate keys by itself.)
+        raise TenantFileError(
+            f"{exc.key!r} is given twice in one object (tenant names and keys must be unique)"
+        ) from exc
     except (ValueError, tomllib.TOMLDecodeError) as exc:
-        if isinstance(exc, TenantFileError):
-            raise
         raise TenantFileError(f"cannot parse tenants file: {exc}") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("tenants"), dict):
         raise TenantFileError("tenants file needs a 'tenants' table")

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,8 @@ from tests.support.client_host import ClientHost
 from tests.support.netns import Network, Node
 from tests.support.pg import PgCluster, require
 from tests.support.replica_calls import wait_serving
+from tests.support.server import ROOT, server_argv
 
-ROOT = Path(__file__).resolve().parents[2]
 PORT, METRICS_PORT = 50051, 9464
 TOKENS = {"t1": "tok-tenant-one", "t2": "tok-tenant-two"}
 
@@ -54,8 +53,7 @@ class Replica:
         return f"http://{self.node.address}:{METRICS_PORT}/metrics"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "service", "--host", self.node.address, "--port", str(PORT),
-                "--replica-id", self.name, *self.args]
+        argv = server_argv("--replica-id", self.name, *self.args, host=self.node.address, port=PORT)
         with self.log.open("ab") as log:
             self.proc = self.node.popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         env=dict(os.environ))

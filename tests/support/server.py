@@ -2,16 +2,25 @@
 
 The server runs on its own event loop in a background thread, so both sync
 tests (blocking stubs) and async tests can talk to it. After every engine
-step ``service.kv_integrity.check_integrity`` runs; violations are collected and
+step ``service.kv.integrity.check_integrity`` runs; violations are collected and
 asserted empty by ``assert_kv_clean``. The fixtures over these (``server``,
 ``channel``) are in tests/conftest.py.
+
+Tests of the server process itself (start-up, signals, shutdown, replicas) run
+``python -m service`` instead: ``server_argv`` is its command line, ``ServerProcess``
+one such process sized like the in-process servers (``PROCESS_FLAGS``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
 import socket
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +28,7 @@ from typing import Any
 import pytest
 
 from service.config import ServerConfig
-from service.kv_integrity import check_integrity
+from service.kv.integrity import check_integrity
 from service.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,8 +111,6 @@ def start_server(**overrides: Any) -> RunningServer:
 
 def wait_idle(srv: RunningServer, timeout: float = 30.0) -> None:
     """Block until the engine has no waiting or running sequences."""
-    import time
-
     end = time.monotonic() + timeout
     while srv.engine.scheduler.has_work() and time.monotonic() < end:
         time.sleep(0.01)
@@ -112,8 +119,6 @@ def wait_idle(srv: RunningServer, timeout: float = 30.0) -> None:
 
 def wait_batch_store(srv: RunningServer, timeout: float = 30.0) -> None:
     """Block until the BatchService's store answers (a PostgreSQL store opens after the server starts)."""
-    import time
-
     end = time.monotonic() + timeout
     while not srv.server.batch.available and time.monotonic() < end:
         time.sleep(0.01)
@@ -134,3 +139,60 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# server_config's engine as flags: a server process sized like the in-process test servers.
+# NOTE: the response cache is off here too: identical greedy requests must each run, not be coalesced.
+PROCESS_FLAGS = (
+    "--threads", "2", "--ctx", "4096", "--max-running", "8", "--kv-lanes", "64", "--step-tokens", "128",
+    "--response-cache-bytes", "0",
+)
+
+
+def server_argv(*args: str, host: str = "127.0.0.1", port: int = 0) -> list[str]:
+    """The command line of a server process: ``python -m service`` with the default model on
+    ``host:port`` (0: a free port), then ``args`` (where a flag given again wins, ``--model`` too).
+    Run it with ``cwd=ROOT``."""
+    return [sys.executable, "-m", "service", "--model", str(DEFAULT_MODEL),
+            "--host", host, "--port", str(port), *args]
+
+
+class ServerProcess:
+    """``python -m service`` on a free port (``PROCESS_FLAGS``, then ``args``); stderr lines are collected
+    on a thread."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            server_argv(*PROCESS_FLAGS, *args),
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line.rstrip("\n"))
+            self.lines.put(line)
+
+    def wait_for(self, needle: str, timeout: float = 120) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None, "server exited:\n" + "\n".join(self.log)
+                continue
+            if needle in line:
+                return line
+        raise AssertionError(f"no {needle!r} in the log:\n" + "\n".join(self.log))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

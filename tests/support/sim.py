@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from service.kv_blocks import KVOp
-from service.kv_integrity import check_integrity
+from service.kv.blocks import KVOp
+from service.kv.integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.request.sequence import FinishReason, Sequence
 from service.scheduler.plan import Plan

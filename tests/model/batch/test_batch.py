@@ -21,9 +21,8 @@ from inference.v1 import batch_pb2 as bpb
 from inference.v1 import batch_pb2_grpc as bpb_grpc
 from inference.v1 import inference_pb2 as pb
 
-from tests.model.server.test_shutdown import ServerProcess
 from tests.support.helpers import wait_for
-from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_batch_store
+from tests.support.server import RunningServer, ServerProcess, assert_kv_clean, start_server, wait_batch_store
 
 pytestmark = pytest.mark.model
 FINAL = {bpb.BATCH_STATE_COMPLETED, bpb.BATCH_STATE_FAILED, bpb.BATCH_STATE_CANCELLED, bpb.BATCH_STATE_EXPIRED}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from tests.model.batch.test_batch import PROMPTS, create, final, gen
 from tests.model.server.test_drain_rule import ANSWERED_WHILE_DRAINING, REASON_KEY, calls, wait_for
 from tests.support.helpers import OpenStream, req
 from tests.support.pg import PgCluster, free_port, require
-from tests.support.server import ROOT, RunningServer, start_server, wait_batch_store
+from tests.support.server import ROOT, RunningServer, server_argv, start_server, wait_batch_store
 
 pytestmark = pytest.mark.model
 BATCH = "inference.v1.BatchService"
@@ -133,7 +132,7 @@ def test_the_http_batch_api_answers_503_with_a_retry_hint_while_the_database_is_
 
 
 def test_an_unknown_batch_db_scheme_exits_2_before_the_model_loads() -> None:
-    done = subprocess.run([sys.executable, "-m", "service", "--batch-db", "mysql://u:secret@db/jobs"], cwd=ROOT,
+    done = subprocess.run(server_argv("--batch-db", "mysql://u:secret@db/jobs"), cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unknown scheme 'mysql'" in done.stderr and "secret" not in done.stderr

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,9 +24,10 @@ from pathlib import Path
 import pytest
 from inference_client import NO_RETRY, InferenceClient, InferenceError
 
+from tests.support.server import ROOT, server_argv
+
 pytestmark = pytest.mark.model
 
-ROOT = Path(__file__).resolve().parents[3]
 MAX_CONNECTION_AGE_S = 2.0
 PREFIX = "You are a terse assistant for a hardware shop. Answer in one short sentence. " * 4
 
@@ -57,8 +57,7 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(self.port)]
-        argv += ["--threads", "1", "--max-connection-age-s", str(MAX_CONNECTION_AGE_S)]
+        argv = server_argv("--threads", "1", "--max-connection-age-s", str(MAX_CONNECTION_AGE_S), port=self.port)
         argv += ["--max-connection-age-grace-s", "30", "--grace-seconds", "20"]
         argv += ["--response-cache-bytes", "0"]  # NOTE: the routing tests count requests each replica runs
         with self.log.open("ab") as log:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.server import DEFAULT_MODEL
+from tests.support.server import ROOT, server_argv
 
 pytestmark = pytest.mark.model
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def sha(token: str) -> str:
@@ -35,18 +33,9 @@ def test_server_with_duplicates_in_its_tenants_file_exits_2_with_one_line(
 ) -> None:
     path = tmp_path / "tenants.json"
     path.write_text(doc)
-    cmd = [
-        sys.executable,
-        "-m",
-        "service",
-        "--model",
-        str(DEFAULT_MODEL),
-        "--port",
-        "0",
-        "--auth-tokens",
-        str(path),
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        server_argv("--auth-tokens", str(path)), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "cannot start: --auth-tokens" in errors[0] and says in errors[0], done.stderr

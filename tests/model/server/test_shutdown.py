@@ -8,16 +8,10 @@ finish within --grace-seconds -> the rest end with an UNAVAILABLE error event
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,81 +20,15 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from tests.support.helpers import OpenStream, req
-from tests.support.server import DEFAULT_MODEL
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.model
-ROOT = Path(__file__).resolve().parents[3]
 # NOTE: long enough for the short requests' 24 tokens on a loaded 2-core machine (5 s was not, with
 # other test runs beside it), far too short for the long ones' 3,000: the grace period still cuts them.
 GRACE_S = 20.0
 SHORT = [f"short-{i}" for i in range(3)]
 LONG = [f"long-{i}" for i in range(3)]
 SHORT_TOKENS = 24
-
-
-class ServerProcess:
-    """``python -m service`` on a free port; stderr lines are collected on a thread."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "service",
-            "--model",
-            str(DEFAULT_MODEL),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--threads",
-            "2",
-            "--ctx",
-            "4096",
-            "--max-running",
-            "8",
-            "--kv-lanes",
-            "64",
-            "--step-tokens",
-            "128",
-            # NOTE: identical greedy requests must each run here, not be coalesced by the response cache.
-            "--response-cache-bytes",
-            "0",
-            *args,
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line.rstrip("\n"))
-            self.lines.put(line)
-
-    def wait_for(self, needle: str, timeout: float = 120) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                assert self.proc.poll() is None, "server exited:\n" + "\n".join(self.log)
-                continue
-            if needle in line:
-                return line
-        raise AssertionError(f"no {needle!r} in the log:\n" + "\n".join(self.log))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def _health(channel: grpc.Channel) -> int:

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,9 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from service.__main__ import ENGINE_FAILED_EXIT, run_until_stopped
-from tests.model.server.test_shutdown import ROOT, ServerProcess
 from tests.support.certs import CA
 from tests.support.helpers import req, run_stream, wait_for
-from tests.support.server import DEFAULT_MODEL, start_server
+from tests.support.server import ROOT, ServerProcess, server_argv, start_server
 
 pytestmark = pytest.mark.model
 
@@ -64,9 +62,8 @@ FAILURES: list[tuple[str, Callable[[Path], list[str]], str]] = [
 
 
 def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "service", "--model", str(DEFAULT_MODEL), "--host", "127.0.0.1", "--port", "0"]
     return subprocess.run(
-        [*cmd, "--threads", "1", *args],
+        server_argv("--threads", "1", *args),
         cwd=ROOT,
         capture_output=True,
         text=True,

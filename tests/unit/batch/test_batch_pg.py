@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from service.batch.postgres_store import PostgresJobStore
 from service.batch.store import ItemResult, ItemState, JobSpec, JobState, JobStore, NewItem, StoredResult
 from tests.support.clock import FakeClock
 from tests.support.pg import fresh_database
+from tests.support.threads import in_threads
 
 pytestmark = pytest.mark.timeout(120)
 LEASE_S = 30.0
@@ -69,18 +69,6 @@ def all_results(store: JobStore, tenant: str, job_id: str) -> list[StoredResult]
     while page := store.results(tenant, job_id, False, out[-1].cursor if out else "", 256):
         out += page
     return out
-
-
-def in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
-    """``fn(0..n-1)`` on n threads started together; their results (a thread's exception is raised)."""
-    barrier = threading.Barrier(n)
-
-    def run(i: int) -> Any:
-        barrier.wait()
-        return fn(i)
-
-    with ThreadPoolExecutor(n) as pool:
-        return [f.result() for f in [pool.submit(run, i) for i in range(n)]]
 
 
 def test_two_replicas_claiming_from_threads_never_run_one_item_twice(stores: Replicas) -> None:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from service.http.files import FileRecord, FileStore, FilesUnavailable, SqliteFi
 from service.http.files_pg import PROBE_S, PgFileStore
 from service.request.errors import Unavailable
 from tests.support.clock import FakeClock
+from tests.support.threads import in_threads
 
 pytestmark = pytest.mark.timeout(120)
 DAY = 24 * 3600.0
@@ -155,16 +154,6 @@ async def test_two_instances_on_one_database_see_each_others_files(shared_opener
 
 
 # -- PostgreSQL beyond the contract --------------------------------------------------------------
-def _in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
-    barrier = threading.Barrier(n)
-
-    def run(i: int) -> Any:
-        barrier.wait()
-        return fn(i)
-
-    with ThreadPoolExecutor(n) as pool:
-        return [f.result() for f in [pool.submit(run, i) for i in range(n)]]
-
 
 def test_replicas_starting_at_once_create_the_table_once(tmp_path: Path) -> None:
     import psycopg
@@ -175,7 +164,7 @@ def test_replicas_starting_at_once_create_the_table_once(tmp_path: Path) -> None
     stores = [PgFileStore(dsn, DAY) for _ in range(6)]
     try:
         # NOTE: the first call of each creates the table (the private sync path: one thread per replica)
-        records: list[FileRecord] = _in_threads(6, lambda i: stores[i]._put(f"t{i}", "f", "batch", b"x"))
+        records: list[FileRecord] = in_threads(6, lambda i: stores[i]._put(f"t{i}", "f", "batch", b"x"))
         assert all(stores[0]._content(f"t{i}", r.id) == b"x" for i, r in enumerate(records))
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT count(*) FROM http_files").fetchone() == (6,)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.host_prefixes import HostPrefixes
-from service.kv_blocks import KVOp
-from service.kv_integrity import check_integrity
+from service.kv.blocks import KVOp
+from service.kv.host_prefixes import HostPrefixes
+from service.kv.integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.request.sequence import SamplingParams, Sequence
 from tests.support.sim import ShadowKV

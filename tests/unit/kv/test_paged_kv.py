@@ -6,8 +6,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from service.host_prefixes import HostPrefixes
-from service.kv_integrity import check_integrity
+from service.kv.host_prefixes import HostPrefixes
+from service.kv.integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.request.sequence import SamplingParams, Sequence
 from tests.support.sim import ShadowKV

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from service.kv_integrity import check_integrity
+from service.kv.integrity import check_integrity
 from service.priority import FCFSPolicy
 from service.request.sequence import Priority, SeqStatus
 from service.scheduler.batch_rows import BatchRowCap

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.kv_integrity import check_integrity
+from service.kv.integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, FCFSPolicy, PriorityPolicy, QueueFull
 from service.request.sequence import FinishReason, Priority, SamplingParams, SeqStatus, Sequence

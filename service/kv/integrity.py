@@ -6,16 +6,56 @@ counts equal their block-table entries. The suite runs this after every engine s
 servers (``tests/support/server.py``) and of its simulations.
 
 NOTE: it reads the manager's private fields on purpose: the audit must see the accounting itself,
-not a summary the manager computes (which would share the manager's bugs).
+not a summary the manager computes (which would share the manager's bugs). ``KVAccounting`` names
+those fields, read-only; ``service.paged_kv.KVBlockManager`` has them, so the audit sits below the
+manager it audits and never imports it.
 """
 
 from __future__ import annotations
 
-from service.paged_kv import KVBlockManager
+from collections.abc import Collection, Mapping
+from collections.abc import Sequence as Seq
+from collections.abc import Set as AbstractSet
+from typing import Protocol
+
+from service.kv.blocks import Block
 from service.request.sequence import Sequence
 
 
-def check_integrity(kv: KVBlockManager, running: list[Sequence] | None = None) -> None:
+class KVAccounting(Protocol):
+    """What the audit reads of a block manager (``KVBlockManager``): its blocks and its own bookkeeping."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def blocks(self) -> Seq[Block]: ...
+
+    @property
+    def _free(self) -> Seq[int]: ...  # free block ids (a stack)
+
+    @property
+    def _evictable(self) -> Mapping[int, Block]: ...  # cached: registered blocks with ref_count 0
+
+    @property
+    def _cache(self) -> Mapping[int, Block]: ...  # chain hash -> registered block
+
+    @property
+    def _children(self) -> Mapping[int, Collection[int]]: ...  # parent hash -> registered block ids
+
+    @property
+    def _free_lanes(self) -> Seq[int]: ...
+
+    @property
+    def _running_lanes(self) -> AbstractSet[int]: ...
+
+    @property
+    def _lane_blocks(self) -> Mapping[int, AbstractSet[int]]: ...  # lane -> ids of the blocks it holds cells of
+
+    def blocks_for(self, num_tokens: int) -> int: ...
+
+
+def check_integrity(kv: KVAccounting, running: list[Sequence] | None = None) -> None:
     """Assert ``kv``'s accounting invariants (and, given the running sequences, their block
     tables); raise AssertionError naming the first broken one."""
     free, cached = set(kv._free), set(kv._evictable)
@@ -41,7 +81,7 @@ def check_integrity(kv: KVBlockManager, running: list[Sequence] | None = None) -
         _check_tables(kv, running)
 
 
-def _check_lanes(kv: KVBlockManager) -> None:
+def _check_lanes(kv: KVAccounting) -> None:
     free_lanes = set(kv._free_lanes)
     assert len(free_lanes) == len(kv._free_lanes), "a lane is free twice"
     assert not (free_lanes & kv._running_lanes), "a lane is both free and running"
@@ -54,7 +94,7 @@ def _check_lanes(kv: KVBlockManager) -> None:
             assert held, f"lane {lane} is neither free, running nor holding"
 
 
-def _check_tables(kv: KVBlockManager, running: list[Sequence]) -> None:
+def _check_tables(kv: KVAccounting, running: list[Sequence]) -> None:
     refs: dict[int, int] = {}
     for seq in running:
         assert seq.lane in kv._running_lanes, f"{seq.request_id} runs without its lane"

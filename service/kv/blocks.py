@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from service.host_prefixes import HostHit
+from service.kv.host_prefixes import HostHit
 
 
 @dataclass(frozen=True)
