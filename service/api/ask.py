@@ -9,6 +9,7 @@ values (None: none); the front end derives them from its own protocol.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inference.v1 import inference_pb2 as pb
@@ -32,7 +33,8 @@ class Ask:
 
     request_id: str
     prompt: str = ""
-    messages: tuple[pb.ChatMessage, ...] = ()
+    # NOTE: the request's own repeated field, not a copy: copying 100,000 messages is work on the loop.
+    messages: Sequence[pb.ChatMessage] = ()
     sampling: pb.SamplingParams = field(default_factory=pb.SamplingParams)
     priority: int = pb.PRIORITY_UNSPECIFIED
     fmt: tuple[str, str] | None = None  # (constraint kind, source): json_schema, regex, lark, gbnf
@@ -47,7 +49,7 @@ class Ask:
         """A ``GenerateRequest`` (gRPC, or built by the HTTP API)."""
         fmt = response_format(req.response_format) if req.HasField("response_format") else None
         return cls(
-            req.request_id, req.prompt, tuple(req.messages), req.sampling, req.priority, fmt, deadline,
+            req.request_id, req.prompt, req.messages, req.sampling, req.priority, fmt, deadline,
             cache=_cache_ask(req),
         )
 
@@ -55,7 +57,7 @@ class Ask:
     def generate_json(cls, req: pb.GenerateJSONRequest, request_id: str, deadline: float | None) -> Ask:
         """A ``GenerateJSONRequest``: its schema is the constraint (an empty one is refused in preparation)."""
         return cls(
-            request_id, req.prompt, tuple(req.messages), req.sampling, req.priority,
+            request_id, req.prompt, req.messages, req.sampling, req.priority,
             ("json_schema", req.json_schema), deadline, json_mode=True, raw_prompt=req.raw_prompt,
             cache=_cache_ask(req),
         )

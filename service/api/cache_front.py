@@ -77,8 +77,9 @@ class CacheFront:
         if self.cache is None:  # the cache is off: nothing is ever cached
             return _error("NOT_FOUND", "cache_policy ONLY_IF_CACHED: the response cache is off on this server") \
                 if only else None
-        messages = [(m.role, m.content) for m in ask.messages]
         c = ask.cache
+        # NOTE: only the semantic cache reads the messages (the exact key hashes the prompt's tokens).
+        messages = [(m.role, m.content) for m in ask.messages] if c.semantic else []
         try:
             t = self.cache.ticket(seq, c.policy, c.ttl_s, c.semantic, ask.prompt, messages, ask.fmt, ask.json_mode)
         except ValueError as exc:

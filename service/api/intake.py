@@ -30,6 +30,9 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import grpc
 
@@ -37,7 +40,7 @@ from service.api.ask import Ask
 from service.api.cache_front import CacheFront, Replay
 from service.api.flight import Flight, Sink
 from service.api.grammar_service import GrammarService
-from service.api.preparer import Preparer
+from service.api.preparer import WORKERS, Preparer
 from service.api.readiness import Need, Unavailable, unavailable, unavailable_metadata
 from service.api.request_builder import RequestBuilder
 from service.continuous_batcher import Draining, Engine
@@ -50,6 +53,7 @@ from service.security.auth import current_credential, current_tenant
 from service.security.tenancy import Tenancy
 
 log = logging.getLogger("service.rpc")
+T = TypeVar("T")
 RECHECK_S = 1.0  # a running request sees a revoked credential within this long (plus the file check)
 
 
@@ -82,11 +86,18 @@ class Intake:
         self.telemetry, self.tenancy, self.cache = telemetry, tenancy, cache
         self.ready = False
         self._runs: set[asyncio.Task[None]] = set()
+        # NOTE: one bounded pool for all per-request CPU work (parsing a body, rendering, tokenizing).
+        self.workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="prepare")
 
     def attach(self, engine: Engine, builder: RequestBuilder, grammar: GrammarService) -> None:
         self.engine, self.builder, self.grammar = engine, builder, grammar
-        self.preparer = Preparer(builder, grammar)
+        self.preparer = Preparer(builder, grammar, self.workers)
         self.ready = True
+
+    async def offload(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(*args)`` in the lifecycle's worker threads: work whose cost grows with the input
+        (a front end's body parsing too) never runs on the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
 
     # -- the drain rule (service.api.readiness) -----------------------------------------------------
     def unavailable(self, need: Need = Need.WORK) -> Unavailable | None:
@@ -267,5 +278,4 @@ class Intake:
         self.engine.pause(seq, paused)
 
     def close(self) -> None:
-        if self.ready:
-            self.preparer.close()
+        self.workers.shutdown(wait=False, cancel_futures=True)

@@ -2,7 +2,7 @@
 
 Rendering the chat, tokenizing and validating the sampling fields cost time
 that grows with the input, so they run in this module's own bounded thread
-pool (``WORKERS``), never on the event loop that answers every other call;
+pool (``WORKERS`` threads, the intake's), never on the event loop that answers every other call;
 grammar compilation has its own pool (``GrammarService``). Sizes are checked
 before the expensive work: a prompt whose bytes cannot fit the context is
 refused before it is rendered or tokenized (``RequestBuilder.prompt_ids``).
@@ -15,7 +15,7 @@ linked to share one prompt), not submitted; every bad field is a
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
@@ -64,9 +64,8 @@ def budget_for(seq: Sequence) -> FinishBudget | None:
 class Preparer:
     """Prepares requests for one loaded model (see the module docstring)."""
 
-    def __init__(self, builder: RequestBuilder, grammar: GrammarService) -> None:
-        self.builder, self.grammar = builder, grammar
-        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="prepare")
+    def __init__(self, builder: RequestBuilder, grammar: GrammarService, pool: Executor) -> None:
+        self.builder, self.grammar, self._pool = builder, grammar, pool
 
     async def prepare(self, ask: Ask, tenant: str) -> list[Sequence]:
         """The request's choices, validated and ready to submit; raises BadRequest."""
@@ -108,6 +107,3 @@ class Preparer:
             seq.keys = self.grammar.key_guard(ask.fmt[0])
             seq.budget = budget_for(seq)
         return seq
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

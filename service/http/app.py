@@ -47,7 +47,7 @@ from service.http.body import parse_json
 from service.http.config import HttpConfig
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
-from service.http.requests import parse_chat, parse_completion
+from service.http.requests import Parsed, parse_chat, parse_completion
 from service.http.run import Run, watch_disconnect
 from service.http.sse import EventStream
 from service.request.errors import Unavailable
@@ -116,10 +116,9 @@ class HttpApi:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         self.admit(request, Need.WORK)
-        raw = parse_json(await self.body(request, self.config.max_body_bytes))
-        parse = parse_chat if chat else parse_completion
-        parsed = parse(raw, self.config.model_name, request.headers.get("x-priority"))
-        self.model(raw.get("model"))
+        body = await self.body(request, self.config.max_body_bytes)
+        # NOTE: parsing grows with the body (100,000 messages: a second): never on the event loop.
+        parsed = await self.intake.offload(self._parse, body, chat, request.headers.get("x-priority"))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         run = Run(self.intake, self.config.stream, rid, parsed.request)
         watcher: asyncio.Task[None] | None = watch_disconnect(request.receive, run)
@@ -141,6 +140,13 @@ class HttpApi:
             if watcher is not None:
                 watcher.cancel()
                 run.abort()
+
+    def _parse(self, body: bytes, chat: bool, priority: str | None) -> Parsed:
+        """Worker thread: the body as the request to run (raises ApiError 400/404)."""
+        raw = parse_json(body)
+        parsed = (parse_chat if chat else parse_completion)(raw, self.config.model_name, priority)
+        self.model(raw.get("model"))
+        return parsed
 
     # -- models, health, metrics ---------------------------------------------------------------
     def _model_object(self) -> dict[str, Any]:

@@ -150,7 +150,8 @@ class BatchRoutes:
         if data is None:
             raise _not_found("file", file_id)
         try:
-            batch = await self.jobs.create(options, parse_lines(data, endpoint, self.api.config.model_name))
+            lines = await self.api.intake.offload(parse_lines, data, endpoint, self.api.config.model_name)
+            batch = await self.jobs.create(options, lines)
         except BadRequest as exc:
             raise ApiError(400, str(exc)) from None
         return JSONResponse(batch_object(batch))

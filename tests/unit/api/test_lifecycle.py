@@ -194,7 +194,8 @@ async def test_the_event_loop_runs_while_a_request_is_prepared() -> None:
     """The real prepare stage renders and tokenizes in a worker thread: the loop turns meanwhile."""
     gate = threading.Event()
     builder = SlowBuilder(gate)
-    h = Harness(RealPreparer(builder, None))  # type: ignore[arg-type]
+    h = Harness(Preparer())
+    h.intake.preparer = RealPreparer(builder, None, h.intake.workers)  # type: ignore[arg-type]
     flight = h.intake.start(ask(), h.sink)
     await asyncio.to_thread(builder.started.wait, 30)
     ticks = 0
@@ -207,7 +208,7 @@ async def test_the_event_loop_runs_while_a_request_is_prepared() -> None:
     while not h.engine.submitted:
         await asyncio.sleep(0.01)
     assert h.engine.submitted[0].token_ids == [1, 2, 3]
-    h.intake.preparer.close()
+    h.intake.close()
 
 
 async def test_a_cancel_during_preparation_ends_every_choice_cancelled_without_the_engine() -> None:
