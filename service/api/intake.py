@@ -221,8 +221,8 @@ class Intake:
         f.seqs, f.left = tuple(seqs), len(seqs)
         if f.ticket is not None:
             self.telemetry.cache_hit(seqs[0], False)
-        if f.paused:
-            f.pause(True)
+        for seq in seqs if f.paused else ():  # paused by its front end before it was submitted
+            self.engine.pause(seq, True)
 
     # -- stages 6 and 7: the engine's events ---------------------------------------------------------
     def _on_event(self, f: Flight, seq: Sequence, ev: Event) -> None:
