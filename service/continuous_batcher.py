@@ -31,6 +31,7 @@ from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
 from service.observability.step_clock import StepClock
 from service.observability.telemetry import Telemetry
+from service.observability.views import EngineSnapshot, ModelFigures
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
 from service.request.events import DRAINING, ENGINE_FAILED, Done, Error, take_output
@@ -117,12 +118,23 @@ class Engine:
         self.step_started: float | None = None  # monotonic start of the step in progress
         self._life = threading.Lock()  # orders submit() against fail()
         self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
-        self.hints = RetryHints(self.metrics.snapshot, config.max_running)
+        self.hints = RetryHints(self.metrics.figures, config.max_running)
         self._watchdog: Watchdog | None = None
         self._cancel_message = "cancelled"
         self._current: Plan | None = None  # the plan of the step in progress
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
         self.thread_control: ThreadControl | None = None  # threads.adaptive.AdaptiveThreads
+
+    def view(self) -> EngineSnapshot:
+        """Scheduler, KV pool, model memory and step phases, for metrics (``observability.sources.EngineView``).
+
+        Any thread; plain reads of state the engine thread changes (see ``Scheduler.view``).
+        """
+        runner = self.runner
+        model = ModelFigures(
+            runner.model_path.name, runner.kv_bytes_per_token, runner.kv_buffer_bytes, runner.spilled_bytes
+        )
+        return EngineSnapshot(self.scheduler.view(), self.kv.view(), model, self.clock.snapshot())
 
     @property
     def telemetry(self) -> Telemetry:

@@ -176,7 +176,7 @@ class OTelTelemetry(Telemetry):
             from service.observability.otel_metrics import RequestHistograms, observe_engine
 
             meter = self.meter_provider.get_meter("service.inference")
-            observe_engine(meter, engine, self.tenancy, self.response_cache)
+            observe_engine(meter, engine, self.tenancy, self.response_cache, engine.thread_control)
             self._histograms = RequestHistograms(meter, self.model)
 
     def server_interceptors(self) -> list[Any]:

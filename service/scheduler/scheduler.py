@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
+from service.observability.views import SchedulerLoad
 from service.paged_kv import KVBlockManager
 from service.priority import QueuePolicy
 from service.request.sequence import FinishReason, Priority, SeqStatus, Sequence
@@ -43,6 +44,13 @@ def _is_decoding(seq: Sequence) -> bool:
 
 
 FinishCheck = Callable[[Sequence, int], FinishReason | None]
+
+
+def _per_tier(seqs: list[Sequence]) -> dict[Priority, int]:
+    counts = dict.fromkeys(Priority, 0)
+    for s in seqs:
+        counts[s.priority] += 1
+    return counts
 
 
 class Scheduler:
@@ -102,6 +110,18 @@ class Scheduler:
     def has_runnable(self) -> bool:
         """Anything a step could do: a request that is not paused."""
         return any(not s.paused and s.may_start() for s in self.waiting) or any(not s.paused for s in self.running)
+
+    def view(self) -> SchedulerLoad:
+        """Per-tier counts and preemptions, for metrics (any thread: reads copies of the lists).
+
+        NOTE: the engine thread may change the lists or the counter meanwhile; copying a list is
+        atomic under the GIL, but copying the counter may raise RuntimeError (resized during
+        iteration): readers retry (``service.observability.otel_metrics``).
+        """
+        running, waiting = list(self.running), list(self.waiting)
+        return SchedulerLoad(
+            running=_per_tier(running), waiting=_per_tier(waiting), preemptions=dict(self.preemptions)
+        )
 
     # -- planning ------------------------------------------------------------------
     def schedule(self) -> Plan:
