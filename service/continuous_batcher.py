@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from service.engine.inbox import Abort, CancelAll, Inbox, Pause, Submit, Wake
 from service.engine.model_step import LogitsHook, MaskFiller, ModelStep
 from service.engine.speculator import SpecConfig, Speculator
 from service.engine.token_appender import TokenAppender
@@ -34,13 +34,14 @@ from service.observability.telemetry import Telemetry
 from service.observability.views import EngineSnapshot, ModelFigures
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
-from service.request.events import DRAINING, ENGINE_FAILED, Done, Error, take_output
+from service.request.events import DRAINING, ENGINE_FAILED, Delta, Done, Error, take_output
 from service.request.sequence import FinishReason, Priority, Sequence
 from service.scheduler.admission import RetryHints
 from service.scheduler.plan import Plan
 from service.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("service.engine")
+Event = Delta | Done | Error  # what the engine hands a request's sink
 
 
 class Draining(Exception):
@@ -107,7 +108,7 @@ class Engine:
         )
         self.speculator = Speculator(config.speculation)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
+        self._inbox = Inbox()
         limits = config.queue_limits
         self.admission = AdmissionControl({Priority.INTERACTIVE: limits[0], Priority.BATCH: limits[1]})
         self._thread: threading.Thread | None = None
@@ -120,7 +121,6 @@ class Engine:
         self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
         self.hints = RetryHints(self.metrics.figures, config.max_running)
         self._watchdog: Watchdog | None = None
-        self._cancel_message = "cancelled"
         self._current: Plan | None = None  # the plan of the step in progress
         self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
         self.thread_control: ThreadControl | None = None  # threads.adaptive.AdaptiveThreads
@@ -194,7 +194,7 @@ class Engine:
         self._stopping = True
         if self._watchdog is not None:
             self._watchdog.stop()
-        self._inbox.put(("wake", None))  # type: ignore[arg-type]
+        self._inbox.put(Wake())
         if self._thread is not None:
             self._thread.join(timeout=timeout)
             if self._thread.is_alive():
@@ -225,20 +225,19 @@ class Engine:
                 raise
             self.metrics.on_accept(seq)
             self._live[seq.uid] = seq
-            self._inbox.put(("add", seq))
+            self._inbox.put(Submit(seq))
 
     def abort(self, seq: Sequence, error: Error | None = None) -> None:
         """Cancel ``seq``; it ends within one step with a CANCELLED done event (or ``error``)."""
-        self._inbox.put(("abort", (seq, error)))  # type: ignore[arg-type]
+        self._inbox.put(Abort(seq, error))
 
     def pause(self, seq: Sequence, paused: bool) -> None:
         """Stop (or resume) scheduling ``seq``, e.g. while its client does not read; KV may be preempted."""
-        self._inbox.put(("pause" if paused else "resume", seq))
+        self._inbox.put(Pause(seq, paused))
 
     def cancel_all(self, message: str) -> None:
         """Cancel every queued and running request (end of a drain)."""
-        self._cancel_message = message
-        self._inbox.put(("cancel_all", None))  # type: ignore[arg-type]
+        self._inbox.put(CancelAll(message))
 
     # -- engine thread ---------------------------------------------------------------------
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -296,24 +295,19 @@ class Engine:
             self._fail_step(f"KV operations failed: {type(exc).__name__}: {exc}")
 
     def _drain_inbox(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind, arg = item
-            if kind == "add":
-                self.scheduler.add(arg)
-            elif kind == "abort":
-                self._abort(*arg)  # type: ignore[misc]
-            elif kind in ("pause", "resume"):
-                arg.paused = kind == "pause"
-            elif kind == "cancel_all":
-                self._cancel_everything()
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        """Handle the inbox's messages (waiting up to 0.5 s for the first when ``block``)."""
+        for message in self._inbox.drain(block):
+            match message:
+                case Submit(seq):
+                    self.scheduler.add(seq)
+                case Abort(seq, error):
+                    self._abort(seq, error)
+                case Pause(seq, paused):
+                    seq.paused = paused
+                case CancelAll(text):
+                    self._cancel_everything(text)
+                case Wake():
+                    pass
 
     def _abort(self, seq: Sequence, error: Error | None) -> None:
         if not self.scheduler.abort(seq):
@@ -325,12 +319,12 @@ class Engine:
             self.metrics.on_finish(seq)
             self._dispatch([(seq, error)])
 
-    def _cancel_everything(self) -> None:
+    def _cancel_everything(self, message: str) -> None:
         """End every queued and running request with UNAVAILABLE (end of a drain); one handoff."""
-        events: list[tuple[Sequence, Any]] = []
+        events: list[tuple[Sequence, Event]] = []
         for s in self.scheduler.waiting + self.scheduler.running:
             self.scheduler.abort(s)
-            events.append(self._ended(s, "UNAVAILABLE", self._cancel_message, DRAINING))
+            events.append(self._ended(s, "UNAVAILABLE", message, DRAINING))
         self._dispatch(events)
 
     def _left_queue(self, seq: Sequence) -> bool:
@@ -349,7 +343,7 @@ class Engine:
         self.speculator.propose(self.scheduler)
         plan = self.scheduler.schedule()
         expired = "deadline expired while the request was queued"
-        events: list[tuple[Sequence, Any]] = [self._ended(s, "DEADLINE_EXCEEDED", expired) for s in plan.expired]
+        events: list[tuple[Sequence, Event]] = [self._ended(s, "DEADLINE_EXCEEDED", expired) for s in plan.expired]
         events += [self._ended(s, s.error_status, s.error or "request cannot run") for s in plan.failed]
         if not plan.items:
             self.runner.apply_kv_ops(plan.kv_ops)
@@ -390,7 +384,9 @@ class Engine:
             self.telemetry.on_preempted(seq, reason)
 
     # -- emission ---------------------------------------------------------------------------
-    def _emit(self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list) -> None:
+    def _emit(
+        self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list[tuple[Sequence, Event]]
+    ) -> None:
         done = {s.uid for s in finished}
         for item in plan.items:
             events.extend((item.seq, d) for d in take_output(item.seq, item.seq.uid in done))
@@ -407,7 +403,7 @@ class Engine:
             self.metrics.on_finish(seq)
         return Done.of(seq)
 
-    def _dispatch(self, events: list[tuple[Sequence, Any]]) -> None:
+    def _dispatch(self, events: list[tuple[Sequence, Event]]) -> None:
         if not events:
             return
         if self.loop is None:
@@ -415,7 +411,7 @@ class Engine:
         else:
             self.loop.call_soon_threadsafe(self._deliver, events)
 
-    def _deliver(self, events: list[tuple[Sequence, Any]]) -> None:
+    def _deliver(self, events: list[tuple[Sequence, Event]]) -> None:
         """Hand events to their requests; exactly one terminal event (Done or Error) per request."""
         for seq, event in events:
             if seq.closed:
@@ -438,7 +434,7 @@ class Engine:
         """
         plan, self._current = self._current, None
         seqs = list(dict.fromkeys([*(i.seq for i in plan.items), *self.scheduler.running] if plan else self.scheduler.running))
-        events = []
+        events: list[tuple[Sequence, Event]] = []
         for seq in seqs:
             seq.error = message
             self.scheduler.fail(seq)
