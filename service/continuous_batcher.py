@@ -12,21 +12,19 @@ per step carrying every event of the step. ctypes releases the GIL inside
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
 
 import numpy as np
 
 from service.engine.inbox import Abort, CancelAll, Inbox, Pause, Submit, Wake
-from service.engine.model_step import LogitsHook, MaskFiller, ModelStep
-from service.engine.speculator import SpecConfig, Speculator
+from service.engine.model_step import LogitsHook, ModelStep, RequestHooks
+from service.engine.speculator import Speculator
 from service.engine.token_appender import TokenAppender
 from service.engine.watchdog import Watchdog
+from service.engine.wiring import Collaborators, EngineConfig
 from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
 from service.observability.step_clock import StepClock
@@ -37,6 +35,7 @@ from service.priority import AdmissionControl, QueueFull, QueuePolicy
 from service.request.events import DRAINING, ENGINE_FAILED, Delta, Done, Error, take_output
 from service.request.sequence import FinishReason, Priority, Sequence
 from service.scheduler.admission import RetryHints
+from service.scheduler.batch_rows import BatchRowCap
 from service.scheduler.plan import Plan
 from service.scheduler.scheduler import Scheduler
 
@@ -56,26 +55,12 @@ class EngineFailed(Draining):
     reason = ENGINE_FAILED
 
 
-class ThreadControl(Protocol):
-    """Adjusts the decode's thread count between steps (``service.threads.adaptive.AdaptiveThreads``)."""
-
-    def after_step(self, n_tokens: int, seconds: float, running: Iterable[Sequence] = ()) -> None:
-        """One finished step of ``n_tokens`` took ``seconds``; may change threads before the next."""
-        ...
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_running: int = 16
-    step_tokens: int = 128
-    batch_prefill_budget: int = 64
-    queue_limits: tuple[int, int] = (256, 1024)  # interactive, batch
-    step_timeout_s: float = 60.0  # a step longer than this fails the engine (0 = no watchdog)
-    speculation: SpecConfig = field(default_factory=SpecConfig)
-
-
 class Engine:
-    """Owns the scheduler and the model runner; runs them on a dedicated thread."""
+    """Owns the scheduler and the model runner; runs them on a dedicated thread.
+
+    Complete when built: ``parts`` brings every collaborator (NOTE: ``step_hook`` and
+    ``logits_hook`` are test probes, set and cleared by tests around a request).
+    """
 
     def __init__(
         self,
@@ -83,20 +68,44 @@ class Engine:
         kv: KVBlockManager,
         policy: QueuePolicy,
         config: EngineConfig,
-        metrics: EngineMetrics | None = None,
-        mask_batch: MaskFiller | None = None,
-        telemetry: Telemetry | None = None,
+        parts: Collaborators | None = None,
     ) -> None:
+        parts = parts if parts is not None else Collaborators()
         self.runner = runner
         self.kv = kv
         self.config = config
-        self.metrics = metrics or EngineMetrics()
+        self.metrics = parts.metrics or EngineMetrics()
         self.clock = StepClock()  # where each step's time goes (GetMetrics step_phases)
-        self.model = ModelStep(runner, self.metrics, telemetry or Telemetry(), runner.vocab.token_bytes, self.clock)
-        self.model.mask_batch = mask_batch
+        self._hooks: RequestHooks = parts.hooks or Telemetry()
+        self.model = ModelStep(
+            runner, self.metrics, self._hooks, runner.vocab.token_bytes, self.clock, parts.mask_batch
+        )
         self.eog_ids = runner.vocab.eog_ids
         self._appender = TokenAppender(self.eog_ids, runner.vocab.token_bytes)
-        self.scheduler = Scheduler(
+        self.scheduler = self._scheduler(kv, policy)
+        self.speculator = Speculator(config.speculation)
+        self.loop = parts.loop
+        self.on_failure = parts.on_failure  # called on the event loop, once
+        self.thread_control = parts.thread_control  # threads.adaptive.AdaptiveThreads
+        self._inbox = Inbox()
+        limits = config.queue_limits
+        self.admission = AdmissionControl({Priority.INTERACTIVE: limits[0], Priority.BATCH: limits[1]})
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.draining = False
+        self.failure: str | None = None  # why the engine failed; then nothing is accepted
+        self.step_started: float | None = None  # monotonic start of the step in progress
+        self._life = threading.Lock()  # orders submit() against fail()
+        self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
+        self.hints = RetryHints(self.metrics.figures, config.max_running)
+        self._watchdog: Watchdog | None = None
+        self._current: Plan | None = None  # the plan of the step in progress
+        self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
+
+    def _scheduler(self, kv: KVBlockManager, policy: QueuePolicy) -> Scheduler:
+        config, runner = self.config, self.runner
+        cap = config.batch_rows_with_interactive
+        return Scheduler(
             kv,
             policy,
             max_running=config.max_running,
@@ -105,25 +114,8 @@ class Engine:
             batch_prefill_budget=config.batch_prefill_budget,
             mixed_step_tokens=runner.mixed_batch_max,
             prompt_rows=runner.prompt_rows,
+            batch_rows=BatchRowCap(cap) if cap > 0 else None,
         )
-        self.speculator = Speculator(config.speculation)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._inbox = Inbox()
-        limits = config.queue_limits
-        self.admission = AdmissionControl({Priority.INTERACTIVE: limits[0], Priority.BATCH: limits[1]})
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self.draining = False
-        self.failure: str | None = None  # why the engine failed; then nothing is accepted
-        self.on_failure: Callable[[str], None] | None = None  # called on the event loop, once
-        self.step_started: float | None = None  # monotonic start of the step in progress
-        self._life = threading.Lock()  # orders submit() against fail()
-        self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
-        self.hints = RetryHints(self.metrics.figures, config.max_running)
-        self._watchdog: Watchdog | None = None
-        self._current: Plan | None = None  # the plan of the step in progress
-        self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
-        self.thread_control: ThreadControl | None = None  # threads.adaptive.AdaptiveThreads
 
     def view(self) -> EngineSnapshot:
         """Scheduler, KV pool, model memory and step phases, for metrics (``observability.sources.EngineView``).
@@ -137,24 +129,6 @@ class Engine:
         return EngineSnapshot(self.scheduler.view(), self.kv.view(), model, self.clock.snapshot())
 
     @property
-    def telemetry(self) -> Telemetry:
-        """Request tracing hooks (``Telemetry.attach`` replaces them once the server is built)."""
-        return self.model.telemetry
-
-    @telemetry.setter
-    def telemetry(self, value: Telemetry) -> None:
-        self.model.telemetry = value
-
-    @property
-    def mask_batch(self) -> MaskFiller | None:
-        """grammar.mask.MaskBatch for constrained rows, or None (the server sets it)."""
-        return self.model.mask_batch
-
-    @mask_batch.setter
-    def mask_batch(self, value: MaskFiller | None) -> None:
-        self.model.mask_batch = value
-
-    @property
     def logits_hook(self) -> LogitsHook | None:
         """Tests: called with (sequences, their rows) for every row a token is chosen from."""
         return self.model.logits_hook
@@ -164,7 +138,7 @@ class Engine:
         self.model.logits_hook = value
 
     # -- lifecycle ------------------------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def start(self) -> None:
         """Start the engine thread and wait for its warm-up decode; raises what the warm-up raised.
 
         NOTE: every ``llama_decode`` of a context must run on this one thread,
@@ -176,7 +150,6 @@ class Engine:
         machine: an 8-token decode 30 ms from one thread, 40-47 ms after
         another live thread had decoded once.
         """
-        self.loop = loop
         ready = threading.Event()
         failure: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, args=(ready, failure), name="engine", daemon=True)
@@ -377,11 +350,11 @@ class Engine:
     def _note_plan(self, plan: Plan) -> None:
         for item in plan.items:
             if self._left_queue(item.seq):
-                self.telemetry.on_scheduled(item.seq)
+                self._hooks.on_scheduled(item.seq)
                 if item.seq.after is not None and item.seq.num_cached:
                     self.metrics.on_shared_prefill()
         for seq, reason in zip(plan.preempted, plan.preempt_reasons, strict=True):
-            self.telemetry.on_preempted(seq, reason)
+            self._hooks.on_preempted(seq, reason)
 
     # -- emission ---------------------------------------------------------------------------
     def _emit(

@@ -68,6 +68,7 @@ class Scheduler:
         mixed_step_tokens: int | None = None,
         prompt_rows: int = 32,
         clock: Callable[[], float] = time.monotonic,
+        batch_rows: BatchRowCap | None = None,
     ) -> None:
         if step_tokens < max_running:
             raise ValueError("step_tokens must be >= max_running so every running sequence can decode")
@@ -84,7 +85,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions: Counter[tuple[Priority, str]] = Counter()
         self._isolated_last = False
-        self.batch_rows: BatchRowCap | None = None  # fewer batch decode rows beside interactive work
+        self.batch_rows = batch_rows  # fewer batch decode rows beside interactive work (None: no cap)
 
     # -- requests ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
