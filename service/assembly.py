@@ -15,28 +15,49 @@ from service.api.generate_stream import StreamLimits
 from service.batch.open_store import parse_batch_db
 from service.batch.service import BatchConfig
 from service.config import ServerConfig
-from service.continuous_batcher import Engine, EngineConfig
+from service.continuous_batcher import Engine
 from service.engine.speculator import SpecConfig
+from service.engine.wiring import Collaborators, EngineConfig
 from service.http.config import HttpConfig
 from service.kv.host_prefixes import HostPrefixes
 from service.model.runner import ModelRunner
-from service.observability.engine_metrics import EngineMetrics
 from service.paged_kv import KVBlockManager
 from service.priority import TenantOrder, make_policy
 from service.response_cache import CacheConfig
-from service.scheduler.batch_rows import BatchRowCap
 from service.threads.adaptive import AdaptiveThreads
 
 
-def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None, fair: TenantOrder | None = None) -> Engine:
-    """Load the model and build the engine (not started); ``fair`` shares tiers between tenants."""
-    runner = ModelRunner(
+def load_runner(config: ServerConfig) -> ModelRunner:
+    """Load the model (raises ModelLoadError)."""
+    return ModelRunner(
         config.model,
         n_ctx=config.ctx,
         step_tokens=config.step_tokens,
         n_lanes=config.kv_lanes,
         n_threads=config.threads,
     )
+
+
+def adaptive_threads(config: ServerConfig, runner: ModelRunner) -> AdaptiveThreads | None:
+    """The decode's adaptive thread count (``--adaptive-threads`` with more than one thread), or None."""
+    if config.adaptive_threads and config.threads > 1:
+        return AdaptiveThreads.for_runner(runner, config.threads)
+    return None
+
+
+def build_engine(
+    config: ServerConfig,
+    runner: ModelRunner | None = None,
+    parts: Collaborators | None = None,
+    fair: TenantOrder | None = None,
+) -> Engine:
+    """The engine (not started) on ``runner`` (loaded here if None), complete with ``parts``.
+
+    ``parts`` None: no tracing, masks, failure callback or loop, adaptive threads as configured
+    (tests and tools); ``fair`` shares tiers between tenants.
+    """
+    runner = runner if runner is not None else load_runner(config)
+    parts = parts if parts is not None else Collaborators(thread_control=adaptive_threads(config, runner))
     host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
     kv = KVBlockManager(
         runner.n_ctx // config.block_size,
@@ -53,13 +74,9 @@ def build_engine(config: ServerConfig, metrics: EngineMetrics | None = None, fai
         queue_limits=(config.queue_limit_interactive, config.queue_limit_batch),
         step_timeout_s=config.step_timeout_s,
         speculation=SpecConfig(config.speculative, config.spec_tokens, config.spec_max_running),
+        batch_rows_with_interactive=config.batch_rows_with_interactive,
     )
-    engine = Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, metrics)
-    if config.adaptive_threads and config.threads > 1:
-        engine.thread_control = AdaptiveThreads.for_runner(runner, config.threads)
-    if config.batch_rows_with_interactive > 0:
-        engine.scheduler.batch_rows = BatchRowCap(config.batch_rows_with_interactive)
-    return engine
+    return Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, parts)
 
 
 def stream_limits(config: ServerConfig) -> StreamLimits:

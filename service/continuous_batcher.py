@@ -12,34 +12,35 @@ per step carrying every event of the step. ctypes releases the GIL inside
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
 
 import numpy as np
 
-from service.engine.model_step import LogitsHook, MaskFiller, ModelStep
-from service.engine.speculator import SpecConfig, Speculator
+from service.engine.inbox import Abort, CancelAll, Inbox, Pause, Submit, Wake
+from service.engine.model_step import LogitsHook, ModelStep, RequestHooks
+from service.engine.speculator import Speculator
 from service.engine.token_appender import TokenAppender
 from service.engine.watchdog import Watchdog
+from service.engine.wiring import Collaborators, EngineConfig
 from service.model.runner import ModelRunner
 from service.observability.engine_metrics import EngineMetrics
 from service.observability.step_clock import StepClock
 from service.observability.telemetry import Telemetry
+from service.observability.views import EngineSnapshot, ModelFigures
 from service.paged_kv import KVBlockManager
 from service.priority import AdmissionControl, QueueFull, QueuePolicy
-from service.request.events import DRAINING, ENGINE_FAILED, Done, Error, take_output
+from service.request.events import DRAINING, ENGINE_FAILED, Delta, Done, Error, take_output
 from service.request.sequence import FinishReason, Priority, Sequence
 from service.scheduler.admission import RetryHints
+from service.scheduler.batch_rows import BatchRowCap
 from service.scheduler.plan import Plan
 from service.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("service.engine")
+Event = Delta | Done | Error  # what the engine hands a request's sink
 
 
 class Draining(Exception):
@@ -54,26 +55,12 @@ class EngineFailed(Draining):
     reason = ENGINE_FAILED
 
 
-class ThreadControl(Protocol):
-    """Adjusts the decode's thread count between steps (``service.threads.adaptive.AdaptiveThreads``)."""
-
-    def after_step(self, n_tokens: int, seconds: float, running: Iterable[Sequence] = ()) -> None:
-        """One finished step of ``n_tokens`` took ``seconds``; may change threads before the next."""
-        ...
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_running: int = 16
-    step_tokens: int = 128
-    batch_prefill_budget: int = 64
-    queue_limits: tuple[int, int] = (256, 1024)  # interactive, batch
-    step_timeout_s: float = 60.0  # a step longer than this fails the engine (0 = no watchdog)
-    speculation: SpecConfig = field(default_factory=SpecConfig)
-
-
 class Engine:
-    """Owns the scheduler and the model runner; runs them on a dedicated thread."""
+    """Owns the scheduler and the model runner; runs them on a dedicated thread.
+
+    Complete when built: ``parts`` brings every collaborator (NOTE: ``step_hook`` and
+    ``logits_hook`` are test probes, set and cleared by tests around a request).
+    """
 
     def __init__(
         self,
@@ -81,20 +68,44 @@ class Engine:
         kv: KVBlockManager,
         policy: QueuePolicy,
         config: EngineConfig,
-        metrics: EngineMetrics | None = None,
-        mask_batch: MaskFiller | None = None,
-        telemetry: Telemetry | None = None,
+        parts: Collaborators | None = None,
     ) -> None:
+        parts = parts if parts is not None else Collaborators()
         self.runner = runner
         self.kv = kv
         self.config = config
-        self.metrics = metrics or EngineMetrics()
+        self.metrics = parts.metrics or EngineMetrics()
         self.clock = StepClock()  # where each step's time goes (GetMetrics step_phases)
-        self.model = ModelStep(runner, self.metrics, telemetry or Telemetry(), runner.vocab.token_bytes, self.clock)
-        self.model.mask_batch = mask_batch
+        self._hooks: RequestHooks = parts.hooks or Telemetry()
+        self.model = ModelStep(
+            runner, self.metrics, self._hooks, runner.vocab.token_bytes, self.clock, parts.mask_batch
+        )
         self.eog_ids = runner.vocab.eog_ids
         self._appender = TokenAppender(self.eog_ids, runner.vocab.token_bytes)
-        self.scheduler = Scheduler(
+        self.scheduler = self._scheduler(kv, policy)
+        self.speculator = Speculator(config.speculation)
+        self.loop = parts.loop
+        self.on_failure = parts.on_failure  # called on the event loop, once
+        self.thread_control = parts.thread_control  # threads.adaptive.AdaptiveThreads
+        self._inbox = Inbox()
+        limits = config.queue_limits
+        self.admission = AdmissionControl({Priority.INTERACTIVE: limits[0], Priority.BATCH: limits[1]})
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.draining = False
+        self.failure: str | None = None  # why the engine failed; then nothing is accepted
+        self.step_started: float | None = None  # monotonic start of the step in progress
+        self._life = threading.Lock()  # orders submit() against fail()
+        self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
+        self.hints = RetryHints(self.metrics.figures, config.max_running)
+        self._watchdog: Watchdog | None = None
+        self._current: Plan | None = None  # the plan of the step in progress
+        self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
+
+    def _scheduler(self, kv: KVBlockManager, policy: QueuePolicy) -> Scheduler:
+        config, runner = self.config, self.runner
+        cap = config.batch_rows_with_interactive
+        return Scheduler(
             kv,
             policy,
             max_running=config.max_running,
@@ -103,44 +114,19 @@ class Engine:
             batch_prefill_budget=config.batch_prefill_budget,
             mixed_step_tokens=runner.mixed_batch_max,
             prompt_rows=runner.prompt_rows,
+            batch_rows=BatchRowCap(cap) if cap > 0 else None,
         )
-        self.speculator = Speculator(config.speculation)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._inbox: queue.SimpleQueue[tuple[str, Sequence]] = queue.SimpleQueue()
-        limits = config.queue_limits
-        self.admission = AdmissionControl({Priority.INTERACTIVE: limits[0], Priority.BATCH: limits[1]})
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self.draining = False
-        self.failure: str | None = None  # why the engine failed; then nothing is accepted
-        self.on_failure: Callable[[str], None] | None = None  # called on the event loop, once
-        self.step_started: float | None = None  # monotonic start of the step in progress
-        self._life = threading.Lock()  # orders submit() against fail()
-        self._live: dict[int, Sequence] = {}  # accepted, terminal event not yet delivered (under _life)
-        self.hints = RetryHints(self.metrics.snapshot, config.max_running)
-        self._watchdog: Watchdog | None = None
-        self._cancel_message = "cancelled"
-        self._current: Plan | None = None  # the plan of the step in progress
-        self.step_hook: Callable[[Engine], None] | None = None  # tests: called after every step
-        self.thread_control: ThreadControl | None = None  # threads.adaptive.AdaptiveThreads
 
-    @property
-    def telemetry(self) -> Telemetry:
-        """Request tracing hooks (``Telemetry.attach`` replaces them once the server is built)."""
-        return self.model.telemetry
+    def view(self) -> EngineSnapshot:
+        """Scheduler, KV pool, model memory and step phases, for metrics (``observability.sources.EngineView``).
 
-    @telemetry.setter
-    def telemetry(self, value: Telemetry) -> None:
-        self.model.telemetry = value
-
-    @property
-    def mask_batch(self) -> MaskFiller | None:
-        """grammar.mask.MaskBatch for constrained rows, or None (the server sets it)."""
-        return self.model.mask_batch
-
-    @mask_batch.setter
-    def mask_batch(self, value: MaskFiller | None) -> None:
-        self.model.mask_batch = value
+        Any thread; plain reads of state the engine thread changes (see ``Scheduler.view``).
+        """
+        runner = self.runner
+        model = ModelFigures(
+            runner.model_path.name, runner.kv_bytes_per_token, runner.kv_buffer_bytes, runner.spilled_bytes
+        )
+        return EngineSnapshot(self.scheduler.view(), self.kv.view(), model, self.clock.snapshot())
 
     @property
     def logits_hook(self) -> LogitsHook | None:
@@ -152,7 +138,7 @@ class Engine:
         self.model.logits_hook = value
 
     # -- lifecycle ------------------------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def start(self) -> None:
         """Start the engine thread and wait for its warm-up decode; raises what the warm-up raised.
 
         NOTE: every ``llama_decode`` of a context must run on this one thread,
@@ -164,7 +150,6 @@ class Engine:
         machine: an 8-token decode 30 ms from one thread, 40-47 ms after
         another live thread had decoded once.
         """
-        self.loop = loop
         ready = threading.Event()
         failure: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, args=(ready, failure), name="engine", daemon=True)
@@ -182,7 +167,7 @@ class Engine:
         self._stopping = True
         if self._watchdog is not None:
             self._watchdog.stop()
-        self._inbox.put(("wake", None))  # type: ignore[arg-type]
+        self._inbox.put(Wake())
         if self._thread is not None:
             self._thread.join(timeout=timeout)
             if self._thread.is_alive():
@@ -213,20 +198,19 @@ class Engine:
                 raise
             self.metrics.on_accept(seq)
             self._live[seq.uid] = seq
-            self._inbox.put(("add", seq))
+            self._inbox.put(Submit(seq))
 
     def abort(self, seq: Sequence, error: Error | None = None) -> None:
         """Cancel ``seq``; it ends within one step with a CANCELLED done event (or ``error``)."""
-        self._inbox.put(("abort", (seq, error)))  # type: ignore[arg-type]
+        self._inbox.put(Abort(seq, error))
 
     def pause(self, seq: Sequence, paused: bool) -> None:
         """Stop (or resume) scheduling ``seq``, e.g. while its client does not read; KV may be preempted."""
-        self._inbox.put(("pause" if paused else "resume", seq))
+        self._inbox.put(Pause(seq, paused))
 
     def cancel_all(self, message: str) -> None:
         """Cancel every queued and running request (end of a drain)."""
-        self._cancel_message = message
-        self._inbox.put(("cancel_all", None))  # type: ignore[arg-type]
+        self._inbox.put(CancelAll(message))
 
     # -- engine thread ---------------------------------------------------------------------
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -284,24 +268,19 @@ class Engine:
             self._fail_step(f"KV operations failed: {type(exc).__name__}: {exc}")
 
     def _drain_inbox(self, block: bool) -> None:
-        try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind, arg = item
-            if kind == "add":
-                self.scheduler.add(arg)
-            elif kind == "abort":
-                self._abort(*arg)  # type: ignore[misc]
-            elif kind in ("pause", "resume"):
-                arg.paused = kind == "pause"
-            elif kind == "cancel_all":
-                self._cancel_everything()
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        """Handle the inbox's messages (waiting up to 0.5 s for the first when ``block``)."""
+        for message in self._inbox.drain(block):
+            match message:
+                case Submit(seq):
+                    self.scheduler.add(seq)
+                case Abort(seq, error):
+                    self._abort(seq, error)
+                case Pause(seq, paused):
+                    seq.paused = paused
+                case CancelAll(text):
+                    self._cancel_everything(text)
+                case Wake():
+                    pass
 
     def _abort(self, seq: Sequence, error: Error | None) -> None:
         if not self.scheduler.abort(seq):
@@ -313,12 +292,12 @@ class Engine:
             self.metrics.on_finish(seq)
             self._dispatch([(seq, error)])
 
-    def _cancel_everything(self) -> None:
+    def _cancel_everything(self, message: str) -> None:
         """End every queued and running request with UNAVAILABLE (end of a drain); one handoff."""
-        events: list[tuple[Sequence, Any]] = []
+        events: list[tuple[Sequence, Event]] = []
         for s in self.scheduler.waiting + self.scheduler.running:
             self.scheduler.abort(s)
-            events.append(self._ended(s, "UNAVAILABLE", self._cancel_message, DRAINING))
+            events.append(self._ended(s, "UNAVAILABLE", message, DRAINING))
         self._dispatch(events)
 
     def _left_queue(self, seq: Sequence) -> bool:
@@ -337,7 +316,7 @@ class Engine:
         self.speculator.propose(self.scheduler)
         plan = self.scheduler.schedule()
         expired = "deadline expired while the request was queued"
-        events: list[tuple[Sequence, Any]] = [self._ended(s, "DEADLINE_EXCEEDED", expired) for s in plan.expired]
+        events: list[tuple[Sequence, Event]] = [self._ended(s, "DEADLINE_EXCEEDED", expired) for s in plan.expired]
         events += [self._ended(s, s.error_status, s.error or "request cannot run") for s in plan.failed]
         if not plan.items:
             self.runner.apply_kv_ops(plan.kv_ops)
@@ -371,14 +350,16 @@ class Engine:
     def _note_plan(self, plan: Plan) -> None:
         for item in plan.items:
             if self._left_queue(item.seq):
-                self.telemetry.on_scheduled(item.seq)
+                self._hooks.on_scheduled(item.seq)
                 if item.seq.after is not None and item.seq.num_cached:
                     self.metrics.on_shared_prefill()
         for seq, reason in zip(plan.preempted, plan.preempt_reasons, strict=True):
-            self.telemetry.on_preempted(seq, reason)
+            self._hooks.on_preempted(seq, reason)
 
     # -- emission ---------------------------------------------------------------------------
-    def _emit(self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list) -> None:
+    def _emit(
+        self, plan: Plan, sampled: dict[int, int], finished: list[Sequence], events: list[tuple[Sequence, Event]]
+    ) -> None:
         done = {s.uid for s in finished}
         for item in plan.items:
             events.extend((item.seq, d) for d in take_output(item.seq, item.seq.uid in done))
@@ -395,7 +376,7 @@ class Engine:
             self.metrics.on_finish(seq)
         return Done.of(seq)
 
-    def _dispatch(self, events: list[tuple[Sequence, Any]]) -> None:
+    def _dispatch(self, events: list[tuple[Sequence, Event]]) -> None:
         if not events:
             return
         if self.loop is None:
@@ -403,7 +384,7 @@ class Engine:
         else:
             self.loop.call_soon_threadsafe(self._deliver, events)
 
-    def _deliver(self, events: list[tuple[Sequence, Any]]) -> None:
+    def _deliver(self, events: list[tuple[Sequence, Event]]) -> None:
         """Hand events to their requests; exactly one terminal event (Done or Error) per request."""
         for seq, event in events:
             if seq.closed:
@@ -426,7 +407,7 @@ class Engine:
         """
         plan, self._current = self._current, None
         seqs = list(dict.fromkeys([*(i.seq for i in plan.items), *self.scheduler.running] if plan else self.scheduler.running))
-        events = []
+        events: list[tuple[Sequence, Event]] = []
         for seq in seqs:
             seq.error = message
             self.scheduler.fail(seq)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from service.kv.blocks import Block, KVOp, KVStats, PrefixHit, block_hash
 from service.kv.host_prefixes import HostEntry, HostHit, HostPrefixes, shared_len
+from service.observability.views import KVSnapshot
 from service.request.sequence import Sequence
 
 HOST_GAIN_BLOCKS = 2  # a spilled chain must reach this many blocks past the pool's hit to be used
@@ -98,6 +99,24 @@ class KVBlockManager:
     @property
     def num_holder_lanes(self) -> int:
         return sum(1 for lane, b in self._lane_blocks.items() if b and lane not in self._running_lanes)
+
+    def view(self) -> KVSnapshot:
+        """The pool's block states and prefix-cache counters, for metrics (any thread: plain reads,
+        each consistent on its own, as GetMetrics has always read them)."""
+        stats = self.stats
+        return KVSnapshot(
+            blocks_total=self.num_blocks,
+            blocks_used=self.num_used,
+            blocks_cached=self.num_cached,
+            blocks_free=self.num_free,
+            block_size=self.block_size,
+            holder_lanes=self.num_holder_lanes,
+            host_prefixes=len(self.host) if self.host is not None else 0,
+            prefix_hit_tokens=stats.hit_tokens,
+            prompt_tokens=stats.prompt_tokens,
+            host_hit_tokens=stats.host_hit_tokens,
+            evictions=stats.evictions,
+        )
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -28,19 +28,23 @@ from service.api.intake import Intake
 from service.api.request_builder import JsonDefaults, PromptLimits, RequestBuilder
 from service.api.tolerant_decoding import add_servicer
 from service.assembly import (
+    adaptive_threads,
     batch_config,
     build_engine,
     cache_config,
     http_config,
+    load_runner,
     served_model_name,
     stream_limits,
 )
 from service.batch.service import BATCH_SERVICE_NAME, BatchService
 from service.config import ServerConfig
 from service.continuous_batcher import Engine
+from service.engine.wiring import Collaborators
 from service.http.server import HttpFrontEnd
 from service.model.chat import ChatTemplate, ChatTemplateError
-from service.model.runner import ModelLoadError
+from service.model.runner import ModelLoadError, ModelRunner
+from service.observability.engine_metrics import EngineMetrics
 from service.observability.model_server import ModelServerCollector
 from service.observability.telemetry import Telemetry
 from service.request.sequence import Priority
@@ -64,10 +68,9 @@ class InferenceServer:
         self.health = HealthServicer()
         # a bad tenants file fails here, before listening
         self.tenancy = Tenancy.from_file(config.auth_tokens, config.fair_share)
-        self.telemetry.tenancy = self.tenancy
         self.response_cache = build_cache(cache_config(config))  # a bad --response-cache-db fails here too
-        cache = self.telemetry.response_cache = CacheFront(self.response_cache)
-        self.intake = Intake(self.telemetry, self.tenancy, cache)
+        self.cache_front = CacheFront(self.response_cache)
+        self.intake = Intake(self.telemetry, self.tenancy, self.cache_front)
         self.servicer = InferenceServicer(self.intake, stream_limits(config))
         self.batch = BatchService(batch_config(config), self.intake, self.telemetry)  # opens --batch-db
         self.batch.on_health = self._on_batch_store
@@ -131,30 +134,42 @@ class InferenceServer:
 
     def _load(self, loop: asyncio.AbstractEventLoop) -> tuple[Engine, RequestBuilder, GrammarService]:
         """Load the model and start the engine (its thread runs the warm-up decode)."""
-        engine = build_engine(self.config, fair=self.tenancy.fair)
-        self.telemetry.attach(engine)  # engine hooks, OTel metric callbacks
-        vocab = engine.runner.vocab
+        config = self.config
+        runner = load_runner(config)
+        template = self._chat_template(runner)
+        metrics = EngineMetrics()  # shared by the engine and the grammar service (compile counters)
         grammar = GrammarService(
-            vocab,
-            engine.metrics,
-            max_source_bytes=self.config.max_schema_bytes,
-            timeout_s=self.config.grammar_timeout_s,
+            runner.vocab, metrics, max_source_bytes=config.max_schema_bytes, timeout_s=config.grammar_timeout_s
         )
-        engine.mask_batch = grammar.mask_batch(vocab.n_vocab, self.config.max_running)
+        threads = adaptive_threads(config, runner)
+        parts = Collaborators(
+            metrics=metrics,
+            hooks=self.telemetry,
+            mask_batch=grammar.mask_batch(runner.vocab.n_vocab, config.max_running),
+            thread_control=threads,
+            on_failure=self._on_engine_failure,
+            loop=loop,
+        )
+        engine = build_engine(config, runner, parts, fair=self.tenancy.fair)
+        self.telemetry.observe(engine, self.tenancy, self.cache_front, threads)  # OTel metric callbacks
+        bind_model(self.response_cache, config.model, template.source)
+        limit = min(engine.kv.capacity_tokens, runner.n_ctx_train)
+        json = JsonDefaults(config.json_finish == "close", config.json_repeat_penalty)
+        builder = RequestBuilder(runner.vocab, template, PromptLimits(max_context=limit), json)
+        engine.start()
+        return engine, builder, grammar
+
+    def _chat_template(self, runner: ModelRunner) -> ChatTemplate:
+        """The model's chat template (ChatML if it has none); a broken one closes ``runner`` and fails the load."""
+        vocab = runner.vocab
         try:
             template = ChatTemplate(vocab.chat_template, vocab.bos_text, vocab.eos_text)
         except ChatTemplateError as exc:
-            engine.runner.close()
+            runner.close()
             raise ModelLoadError(f"{self.config.model}: {exc}") from None
         if not template.from_model:
             log.warning("model has no chat template; using ChatML for messages")
-        bind_model(self.response_cache, self.config.model, template.source)
-        limit = min(engine.kv.capacity_tokens, engine.runner.n_ctx_train)
-        json = JsonDefaults(self.config.json_finish == "close", self.config.json_repeat_penalty)
-        builder = RequestBuilder(vocab, template, PromptLimits(max_context=limit), json)
-        engine.on_failure = self._on_engine_failure
-        engine.start(loop)
-        return engine, builder, grammar
+        return template
 
     def _serve_metrics(self, engine: Engine) -> None:
         """The vLLM-named series (the inference gateway's model server protocol) beside today's metrics,

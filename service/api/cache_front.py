@@ -18,16 +18,17 @@ from dataclasses import dataclass
 from inference.v1 import inference_pb2 as pb
 
 from service.api.ask import Ask
-from service.request.events import Delta, Done, Error, Event
+from service.request.events import Delta, Done, Error
 from service.request.sequence import FinishReason, Sequence
 from service.response_cache.cache import Hit, ResponseCache, Ticket
 
 
 @dataclass(frozen=True)
 class Replay:
-    """A request's answer without the engine: Delta*, then Done or Error (``hit``: from a cached answer)."""
+    """A request's answer without the engine: its deltas, then its end (``hit``: from a cached answer)."""
 
-    events: tuple[Event, ...]
+    end: Done | Error
+    deltas: tuple[Delta, ...] = ()
     hit: Hit | None = None
 
 
@@ -47,11 +48,11 @@ def _hit_replay(seq: Sequence, hit: Hit) -> Replay:
         semantic_cache_hit=hit.semantic,
     )
     deltas = (Delta(e.text, e.token_ids),) if e.text or e.token_ids else ()
-    return Replay((*deltas, done), hit)
+    return Replay(done, deltas, hit)
 
 
 def _error(status: str, message: str) -> Replay:
-    return Replay((Error(status, message),))
+    return Replay(Error(status, message))
 
 
 NEVER_CACHED = (
@@ -91,7 +92,7 @@ class CacheFront:
             return _hit_replay(seq, hit)
         if gave_up():  # cancelled while waiting for an identical request
             self.cache.abandon(t)
-            return Replay((Done.cancelled(),))
+            return Replay(Done.cancelled())
         if t.only_if_cached:
             return _error("NOT_FOUND", "cache_policy ONLY_IF_CACHED: no cached answer for this request")
         return t

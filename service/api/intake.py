@@ -192,10 +192,10 @@ class Intake:
         if outcome.hit is not None:  # NOTE: telemetry counts a hit as a request that ran
             self.telemetry.on_submit(seq)
             self.telemetry.cache_hit(seq, True)
-            self.telemetry.on_finish(seq, outcome.events[-1])
-        for ev in outcome.events[:-1]:
-            f.sink(ev, False)
-        self._end(f, outcome.events[-1])
+            self.telemetry.on_finish(seq, outcome.end)
+        for delta in outcome.deltas:
+            f.sink(delta, False)
+        self._end(f, outcome.end)
         return True
 
     def _submit(self, f: Flight, seqs: list[Sequence]) -> None:

@@ -22,7 +22,6 @@ from service.model.runner import ModelRunner
 from service.model.sampling import sample_rows_guarded
 from service.observability.engine_metrics import EngineMetrics
 from service.observability.step_clock import StepClock
-from service.observability.telemetry import Telemetry
 from service.request.constraints import Matcher
 from service.request.sequence import Sequence
 from service.scheduler.plan import Plan, ScheduledSeq
@@ -40,23 +39,48 @@ class MaskFiller(Protocol):
         ...
 
 
+class RequestHooks(Protocol):
+    """Per-request tracing hooks the engine thread calls (``service.observability.telemetry.Telemetry``).
+
+    They run between decodes: each must be cheap and must not block.
+    """
+
+    @property
+    def enabled(self) -> bool:
+        """True: ``on_first_token`` is called (a per-token check otherwise skipped)."""
+        ...
+
+    def on_scheduled(self, seq: Sequence) -> None:
+        """``seq`` left the queue and its prefill started (first time only)."""
+        ...
+
+    def on_first_token(self, seq: Sequence) -> None:
+        """``seq``'s first token was sampled (only when ``enabled``)."""
+        ...
+
+    def on_preempted(self, seq: Sequence, reason: str) -> None:
+        """``seq`` was preempted (``reason``: ``priority`` or ``kv_memory``); it is recomputed on resume."""
+        ...
+
+
 class ModelStep:
-    """Decode and sample for the engine; ``mask_batch`` and ``logits_hook`` may be set later."""
+    """Decode and sample for the engine; complete once built (only the tests' ``logits_hook`` is set later)."""
 
     def __init__(
         self,
         runner: ModelRunner,
         metrics: EngineMetrics,
-        telemetry: Telemetry,
+        hooks: RequestHooks,
         token_bytes: Seq[bytes],
         clock: StepClock | None = None,
+        mask_batch: MaskFiller | None = None,
     ) -> None:
         self.runner = runner
         self.clock = clock or StepClock()
         self.metrics = metrics
-        self.telemetry = telemetry
+        self.hooks = hooks
         self.token_bytes = token_bytes
-        self.mask_batch: MaskFiller | None = None  # grammar.mask.MaskBatch for constrained rows
+        self.mask_batch = mask_batch  # grammar.mask.MaskBatch for constrained rows (None: no constraints)
         self.logits_hook: LogitsHook | None = None  # tests: sees each sampled row
 
     def forward(self, plan: Plan) -> tuple[np.ndarray, list[Sequence], Drafted]:
@@ -139,10 +163,10 @@ class ModelStep:
                 tokens[i] = -1
             elif s.params.logprobs and tokens[i] >= 0:
                 tokens[i] = self._note_logprob(s, logits[i], int(tokens[i]))
-        if self.telemetry.enabled:
+        if self.hooks.enabled:
             for s in seqs:
                 if s.first_token_time is None:
-                    self.telemetry.on_first_token(s)
+                    self.hooks.on_first_token(s)
         return {s.uid: int(t) for s, t in zip(seqs, tokens, strict=True)}
 
     def _note_logprob(self, seq: Sequence, row: np.ndarray, token: int) -> int:

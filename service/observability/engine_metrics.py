@@ -1,7 +1,9 @@
 """Engine metrics: counters, per-tier latency windows, batch-size histogram, throughput.
 
-The engine thread records; RPC handlers read ``snapshot()``. One lock guards
-both sides; recording is O(1) per event.
+The engine thread records; readers take ``figures()`` (everything, latency windows
+summarised: GetMetrics) or ``cumulative()`` (counters and histograms only: scrapes),
+both typed views (``service.observability.views``). One lock guards both sides;
+recording is O(1) per event.
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.observability.views import (
+    GrammarFigures,
+    Histogram,
+    Histograms,
+    Latency,
+    MetricsSnapshot,
+    TierFigures,
+    Totals,
+)
 from service.request.sequence import FinishReason, Priority, Sequence
 
 WINDOW = 2048  # latency observations kept per tier and metric
@@ -30,16 +41,16 @@ TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
 
 def _is_json(seq: Sequence) -> bool:
     """The sequence writes a JSON document (json_schema output)."""
-    return getattr(seq.grammar, "kind", None) == "json_schema"
+    return seq.grammar is not None and seq.grammar.kind == "json_schema"
 
 
-def summarize(values: list[float]) -> dict[str, float]:
+def summarize(values: list[float]) -> Latency:
     """count, mean and p50/p95/p99 of ``values`` (all zero when empty)."""
     if not values:
-        return {"count": 0, "mean_ms": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "p99_ms": 0.0}
+        return Latency()
     arr = np.asarray(values, dtype=np.float64)
     p50, p95, p99 = np.percentile(arr, [50, 95, 99])
-    return {"count": len(arr), "mean_ms": float(arr.mean()), "p50_ms": p50, "p95_ms": p95, "p99_ms": p99}
+    return Latency(len(arr), float(arr.mean()), float(p50), float(p95), float(p99))
 
 
 @dataclass
@@ -57,21 +68,55 @@ class Cumulative:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
 
-    def snapshot(self) -> tuple[tuple[float, ...], list[int], float]:
+    def snapshot(self) -> Histogram:
         """(bounds, counts per bucket with +Inf last, sum)."""
-        return self.bounds, list(self.counts), self.total
+        return Histogram(self.bounds, tuple(self.counts), self.total)
+
+
+@dataclass
+class LatencyHistograms:
+    """The four request-latency histograms, recorded in seconds."""
+
+    ttft: Cumulative = field(default_factory=lambda: Cumulative(TTFT_BUCKETS_S))
+    e2e: Cumulative = field(default_factory=lambda: Cumulative(E2E_BUCKETS_S))
+    queue: Cumulative = field(default_factory=lambda: Cumulative(E2E_BUCKETS_S))
+    tpot: Cumulative = field(default_factory=lambda: Cumulative(TPOT_BUCKETS_S))
+
+    def snapshot(self) -> Histograms:
+        return Histograms(self.ttft.snapshot(), self.e2e.snapshot(), self.queue.snapshot(), self.tpot.snapshot())
+
+
+def _window() -> deque[float]:
+    return deque(maxlen=WINDOW)
 
 
 @dataclass
 class TierStats:
+    """One tier's counters and latency windows (milliseconds), as recorded."""
+
     requests: int = 0
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
     rejected: int = 0
-    latencies: dict[str, deque[float]] = field(
-        default_factory=lambda: {k: deque(maxlen=WINDOW) for k in ("queue", "ttft", "tpot", "e2e")}
-    )
+    queue: deque[float] = field(default_factory=_window)
+    ttft: deque[float] = field(default_factory=_window)
+    tpot: deque[float] = field(default_factory=_window)
+    e2e: deque[float] = field(default_factory=_window)
+
+    def figures(self) -> TierFigures:
+        """A copy, latency windows summarised (the caller holds the metrics lock)."""
+        return TierFigures(
+            requests=self.requests,
+            completed=self.completed,
+            cancelled=self.cancelled,
+            failed=self.failed,
+            rejected=self.rejected,
+            queue=summarize(list(self.queue)),
+            ttft=summarize(list(self.ttft)),
+            tpot=summarize(list(self.tpot)),
+            e2e=summarize(list(self.e2e)),
+        )
 
 
 class EngineMetrics:
@@ -96,12 +141,7 @@ class EngineMetrics:
         self.forced_tokens = 0
         # JSON documents (json_schema output) by how they ended: STOP, CLOSED, LENGTH
         self.documents: Counter[str] = Counter()
-        self.histograms = {
-            "ttft": Cumulative(TTFT_BUCKETS_S),
-            "e2e": Cumulative(E2E_BUCKETS_S),
-            "queue": Cumulative(E2E_BUCKETS_S),
-            "tpot": Cumulative(TPOT_BUCKETS_S),
-        }
+        self.histograms = LatencyHistograms()
         self.finished_by_reason: Counter[str] = Counter()
 
     def on_accept(self, seq: Sequence) -> None:
@@ -137,30 +177,35 @@ class EngineMetrics:
 
     def on_finish(self, seq: Sequence) -> None:
         tier = self.tiers[seq.priority]
+        reason = seq.finish_reason
         with self._lock:
-            if _is_json(seq) and (kind := DOCUMENT_ENDS.get(seq.finish_reason)) is not None:  # type: ignore[arg-type]
+            if reason is not None and _is_json(seq) and (kind := DOCUMENT_ENDS.get(reason)) is not None:
                 self.documents[kind] += 1
-            if seq.finish_reason in COMPLETED:
+            if reason in COMPLETED:
                 tier.completed += 1
-            elif seq.finish_reason is FinishReason.CANCELLED:
+            elif reason is FinishReason.CANCELLED:
                 tier.cancelled += 1
             else:
                 tier.failed += 1
-            self.finished_by_reason[seq.finish_reason.value if seq.finish_reason else "error"] += 1
-            lat, hist = tier.latencies, self.histograms
-            end = seq.finish_time or time.monotonic()
-            if seq.first_scheduled is not None:
-                lat["queue"].append((seq.first_scheduled - seq.arrival) * 1e3)
-                hist["queue"].observe(seq.first_scheduled - seq.arrival)
-            if seq.first_token_time is not None:
-                lat["ttft"].append((seq.first_token_time - seq.arrival) * 1e3)
-                hist["ttft"].observe(seq.first_token_time - seq.arrival)
-                if seq.num_generated > 1:
-                    lat["tpot"].append((end - seq.first_token_time) * 1e3 / (seq.num_generated - 1))
-                    hist["tpot"].observe((end - seq.first_token_time) / (seq.num_generated - 1))
-            if seq.finish_reason in COMPLETED:
-                lat["e2e"].append((end - seq.arrival) * 1e3)
-                hist["e2e"].observe(end - seq.arrival)
+            self.finished_by_reason[reason.value if reason else "error"] += 1
+            self._latencies(seq, tier)
+
+    def _latencies(self, seq: Sequence, tier: TierStats) -> None:
+        """Record ``seq``'s queue, TTFT, TPOT and e2e times (the caller holds the lock)."""
+        hist = self.histograms
+        end = seq.finish_time or time.monotonic()
+        if seq.first_scheduled is not None:
+            tier.queue.append((seq.first_scheduled - seq.arrival) * 1e3)
+            hist.queue.observe(seq.first_scheduled - seq.arrival)
+        if seq.first_token_time is not None:
+            tier.ttft.append((seq.first_token_time - seq.arrival) * 1e3)
+            hist.ttft.observe(seq.first_token_time - seq.arrival)
+            if seq.num_generated > 1:
+                tier.tpot.append((end - seq.first_token_time) * 1e3 / (seq.num_generated - 1))
+                hist.tpot.observe((end - seq.first_token_time) / (seq.num_generated - 1))
+        if seq.finish_reason in COMPLETED:
+            tier.e2e.append((end - seq.arrival) * 1e3)
+            hist.e2e.observe(end - seq.arrival)
 
     def on_grammar_compile(self, ms: float, cache_hit: bool) -> None:
         with self._lock:
@@ -184,60 +229,55 @@ class EngineMetrics:
             span = max(time.monotonic() - self._recent[0][0], 1e-3)
             return sum(n for _, n in self._recent) / min(span, THROUGHPUT_WINDOW_S)
 
-    def cumulative(self) -> dict:
+    def cumulative(self) -> Totals:
         """Counters and histograms since start, without the windowed percentiles (cheap: for scrapes)."""
         with self._lock:
-            return {
-                "prompt_tokens": self.prompt_tokens,
-                "generated_tokens": self.generated_tokens,
-                "requests": sum(t.requests for t in self.tiers.values()),
-                "histograms": {k: h.snapshot() for k, h in self.histograms.items()},
-                "finished_by_reason": dict(self.finished_by_reason),
-            }
+            return Totals(
+                prompt_tokens=self.prompt_tokens,
+                generated_tokens=self.generated_tokens,
+                histograms=self.histograms.snapshot(),
+                finished_by_reason=dict(self.finished_by_reason),
+            )
 
-    def snapshot(self) -> dict:
-        """A consistent copy of the figures (latency windows summarised)."""
+    def figures(self) -> MetricsSnapshot:
+        """A consistent copy of every figure (latency windows summarised): what GetMetrics reports."""
         tput = self.throughput()
         with self._lock:
-            tiers = {
-                p: {
-                    "requests": t.requests,
-                    "completed": t.completed,
-                    "cancelled": t.cancelled,
-                    "failed": t.failed,
-                    "rejected": t.rejected,
-                    **{k: summarize(list(v)) for k, v in t.latencies.items()},
-                }
-                for p, t in self.tiers.items()
-            }
             steps = self.steps
             mean_batch = sum(k * v for k, v in self.batch_sizes.items()) / steps if steps else 0.0
-            return {
-                "uptime_s": time.monotonic() - self.started,
-                "tiers": tiers,
-                "prompt_tokens": self.prompt_tokens,
-                "generated_tokens": self.generated_tokens,
-                "prefill_tokens": self.prefill_tokens,
-                "shared_prefill_choices": self.shared_prefill_choices,
-                "steps": steps,
-                "batch_sizes": dict(sorted(self.batch_sizes.items())),
-                "mean_batch_size": mean_batch,
-                "throughput_tok_s": tput,
-                "histograms": {k: h.snapshot() for k, h in self.histograms.items()},
-                "finished_by_reason": dict(self.finished_by_reason),
-                "grammar": self._grammar(),
-            }
+            return MetricsSnapshot(
+                uptime_s=time.monotonic() - self.started,
+                tiers={p: t.figures() for p, t in self.tiers.items()},
+                prompt_tokens=self.prompt_tokens,
+                generated_tokens=self.generated_tokens,
+                prefill_tokens=self.prefill_tokens,
+                shared_prefill_choices=self.shared_prefill_choices,
+                steps=steps,
+                batch_sizes=dict(sorted(self.batch_sizes.items())),
+                mean_batch_size=mean_batch,
+                throughput_tok_s=tput,
+                grammar=self._grammar(),
+            )
 
-    def _grammar(self) -> dict:
+    def snapshot(self) -> dict[str, object]:
+        """``figures()`` as nested plain dicts (``snapshot()["tiers"][Priority.BATCH]["rejected"]``).
+
+        NOTE: kept for tests and ad-hoc reads; code reads the typed ``figures()``.
+        """
+        return self.figures().as_dict()
+
+    def _grammar(self) -> GrammarFigures:
         """The grammar figures (the caller holds the lock)."""
         mask = np.asarray(self.mask_us) if self.mask_us else np.zeros(1)
-        return {
-            "compiles": self.grammar_compiles,
-            "cache_hits": self.grammar_cache_hits,
-            "compile_ms": summarize(list(self.compile_ms)),
-            "mask_us_p50": float(np.percentile(mask, 50)),
-            "mask_us_p99": float(np.percentile(mask, 99)),
-            "constrained_tokens": self.constrained_tokens,
-            "forced_tokens": self.forced_tokens,
-            **{f"documents_{k}": self.documents[k] for k in DOCUMENT_ENDS.values()},
-        }
+        return GrammarFigures(
+            compiles=self.grammar_compiles,
+            cache_hits=self.grammar_cache_hits,
+            compile_ms=summarize(list(self.compile_ms)),
+            mask_us_p50=float(np.percentile(mask, 50)),
+            mask_us_p99=float(np.percentile(mask, 99)),
+            constrained_tokens=self.constrained_tokens,
+            forced_tokens=self.forced_tokens,
+            documents_natural=self.documents["natural"],
+            documents_closed=self.documents["closed"],
+            documents_cut_off=self.documents["cut_off"],
+        )

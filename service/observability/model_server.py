@@ -19,46 +19,38 @@ step with GetMetrics and the ``inference_*`` series:
   ``vllm:request_queue_time_seconds``, ``vllm:time_per_output_token_seconds`` histograms
   (``EngineMetrics.histograms``, recorded when a request ends in the engine).
 
+They read typed views only (``EngineView``: ``Engine.view()`` and ``EngineMetrics.cumulative()``).
+
 Every series carries ``model_name``. Scrapes run on the scraping thread; they
-read gauges as they are (``len`` of the scheduler's lists) and counters under
+read gauges as they are (``Scheduler.view()`` counts copies of its lists) and counters under
 the metrics lock, never stopping the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-HISTOGRAMS = {
-    "ttft": ("vllm:time_to_first_token_seconds", "time from arrival to the first generated token"),
-    "e2e": ("vllm:e2e_request_latency_seconds", "time from arrival to the end of a completed request"),
-    "queue": ("vllm:request_queue_time_seconds", "time from arrival to the first engine step that ran it"),
-    "tpot": ("vllm:time_per_output_token_seconds", "mean time per generated token after the first"),
-}
+from service.observability.sources import EngineView
+from service.observability.views import Histogram, Histograms, Totals
+
+HISTOGRAMS: tuple[tuple[str, str, Callable[[Histograms], Histogram]], ...] = (
+    ("vllm:time_to_first_token_seconds", "time from arrival to the first generated token", lambda h: h.ttft),
+    ("vllm:e2e_request_latency_seconds", "time from arrival to the end of a completed request", lambda h: h.e2e),
+    ("vllm:request_queue_time_seconds", "time from arrival to the first engine step that ran it", lambda h: h.queue),
+    ("vllm:time_per_output_token_seconds", "mean time per generated token after the first", lambda h: h.tpot),
+)
 
 
-class EngineView(Protocol):
-    """What the collector reads of the engine (``service.continuous_batcher.Engine`` has it)."""
-
-    @property
-    def scheduler(self) -> Any: ...  # .running, .waiting, .preemptions
-    @property
-    def kv(self) -> Any: ...  # .num_used, .num_blocks, .block_size
-    @property
-    def metrics(self) -> Any: ...  # EngineMetrics: .cumulative()
-
-
-def _histogram(name: str, doc: str, snap: tuple[tuple[float, ...], list[int], float], model: str) -> Metric:
-    bounds, counts, total = snap
+def _histogram(name: str, doc: str, snap: Histogram, model: str) -> Metric:
     buckets, running = [], 0
-    for bound, n in zip((*[repr(float(b)) for b in bounds], "+Inf"), counts, strict=True):
+    for bound, n in zip((*[repr(float(b)) for b in snap.bounds], "+Inf"), snap.counts, strict=True):
         running += n
         buckets.append((bound, running))
     family = HistogramMetricFamily(name, doc, labels=["model_name"])
-    family.add_metric([model], buckets, total)
+    family.add_metric([model], buckets, snap.total)
     return family
 
 
@@ -80,31 +72,30 @@ class ModelServerCollector(Collector):
         return family
 
     def collect(self) -> Iterator[Metric]:
-        sched, kv = self.engine.scheduler, self.engine.kv
-        yield self._gauge("vllm:num_requests_waiting", "requests waiting to run", len(sched.waiting))
-        yield self._gauge("vllm:num_requests_running", "requests in the running batch", len(sched.running))
-        usage = kv.num_used / kv.num_blocks if kv.num_blocks else 0.0
-        yield self._gauge("vllm:kv_cache_usage_perc", "fraction of KV blocks in use (0-1)", min(1.0, usage))
+        view = self.engine.view()
+        load, kv = view.scheduler, view.kv
+        yield self._gauge("vllm:num_requests_waiting", "requests waiting to run", load.num_waiting)
+        yield self._gauge("vllm:num_requests_running", "requests in the running batch", load.num_running)
+        yield self._gauge("vllm:kv_cache_usage_perc", "fraction of KV blocks in use (0-1)", kv.usage)
         info = GaugeMetricFamily(
             "vllm:cache_config_info", "KV cache configuration", labels=["model_name", "block_size", "num_gpu_blocks"]
         )
-        info.add_metric([self.model, str(kv.block_size), str(kv.num_blocks)], 1.0)
+        info.add_metric([self.model, str(kv.block_size), str(kv.blocks_total)], 1.0)
         yield info
-        yield from self._counters(dict(sched.preemptions))
+        yield from self._counters(self.engine.metrics.cumulative(), load.num_preemptions)
 
-    def _counters(self, preemptions: dict[Any, int]) -> Iterator[Metric]:
-        c = self.engine.metrics.cumulative()
+    def _counters(self, c: Totals, preemptions: int) -> Iterator[Metric]:
         # NOTE: CounterMetricFamily appends "_total" to names that lack it; these already end in it.
-        yield self._counter("vllm:prompt_tokens_total", "prompt tokens of accepted requests", c["prompt_tokens"])
-        yield self._counter("vllm:generation_tokens_total", "tokens generated", c["generated_tokens"])
-        yield self._counter("vllm:num_preemptions_total", "preemptions", sum(preemptions.values()))
+        yield self._counter("vllm:prompt_tokens_total", "prompt tokens of accepted requests", c.prompt_tokens)
+        yield self._counter("vllm:generation_tokens_total", "tokens generated", c.generated_tokens)
+        yield self._counter("vllm:num_preemptions_total", "preemptions", preemptions)
         success = CounterMetricFamily(
             "vllm:request_success_total", "requests finished in the engine", labels=["model_name", "finished_reason"]
         )
-        done = c["finished_by_reason"]
+        done = c.finished_by_reason
         # NOTE: a JSON document closed within its budget ("closed") ended complete: vLLM's "stop"
         success.add_metric([self.model, "stop"], done.get("stop", 0) + done.get("closed", 0))
         success.add_metric([self.model, "length"], done.get("length", 0))
         yield success
-        for key, (name, doc) in HISTOGRAMS.items():
-            yield _histogram(name, doc, c["histograms"][key], self.model)
+        for name, doc, pick in HISTOGRAMS:
+            yield _histogram(name, doc, pick(c.histograms), self.model)

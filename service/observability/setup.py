@@ -16,9 +16,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from service.observability.telemetry import OTelTelemetry, Telemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("service.telemetry")
 DEFAULT_SERVICE_NAME = "inference-server"
@@ -44,7 +52,7 @@ def _wants_otlp(env: Mapping[str, str], signal: str) -> bool:
     return bool(endpoint) and "otlp" in exporters
 
 
-def make_resource() -> Any:
+def make_resource() -> Resource:
     """Resource from ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES``; service.name defaults here."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
@@ -54,7 +62,7 @@ def make_resource() -> Any:
     return resource
 
 
-def make_tracer_provider(resource: Any, otlp: bool, console: bool) -> Any:
+def make_tracer_provider(resource: Resource, otlp: bool, console: bool) -> TracerProvider | None:
     """A TracerProvider with batch processors for the chosen exporters, or None if none is chosen."""
     if not (otlp or console):
         return None
@@ -71,7 +79,9 @@ def make_tracer_provider(resource: Any, otlp: bool, console: bool) -> Any:
     return provider
 
 
-def start_prometheus(host: str, port: int, registry: Any = None) -> tuple[Any, Callable[[], None]]:
+def start_prometheus(
+    host: str, port: int, registry: CollectorRegistry | None = None
+) -> tuple[PrometheusMetricReader, Callable[[], None]]:
     """A Prometheus reader on ``registry`` (default: its own), served at http://host:port/metrics;
     (reader, closer)."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -90,14 +100,14 @@ def start_prometheus(host: str, port: int, registry: Any = None) -> tuple[Any, C
 
 
 def make_meter_provider(
-    resource: Any, otlp: bool, prometheus: tuple[str, int] | None, registry: Any = None
-) -> tuple[Any, list]:
+    resource: Resource, otlp: bool, prometheus: tuple[str, int] | None, registry: CollectorRegistry | None = None
+) -> tuple[MeterProvider | None, list[Callable[[], None]]]:
     """A MeterProvider with the chosen readers (or None) and the closers they need.
 
     ``registry`` (a prometheus_client CollectorRegistry) gets a Prometheus reader
     too; the Prometheus port, when there is one, serves that same registry.
     """
-    readers: list[Any] = []
+    readers: list[MetricReader] = []
     closers: list[Callable[[], None]] = []
     if prometheus is not None:
         reader, close = start_prometheus(*prometheus, registry=registry)
@@ -149,6 +159,4 @@ def make_telemetry(config: TelemetrySettings) -> Telemetry:
         f"http://{config.host}:{config.prometheus_port}/metrics" if prometheus else "off",
         "on" if config.http_port else "off",
     )
-    telemetry = OTelTelemetry(tracer_provider, meter_provider, closers)
-    telemetry.prometheus_registry = registry
-    return telemetry
+    return OTelTelemetry(tracer_provider, meter_provider, closers, registry)

@@ -19,12 +19,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from service.request.events import Done, Error
 from service.request.sequence import FinishReason, Sequence
+
+if TYPE_CHECKING:
+    import grpc
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span
+    from opentelemetry.util.types import AttributeValue
+    from prometheus_client import CollectorRegistry
+
+    from service.observability.otel_metrics import RequestHistograms
+    from service.observability.sources import EngineView, ResponseCacheView, TenantView
+    from service.threads.adaptive import AdaptiveThreads
 
 log = logging.getLogger("service.request")
 OPERATION = "text_completion"
@@ -41,15 +53,23 @@ class Telemetry:
     """
 
     enabled = False  # True: the engine calls the per-token hook (on_first_token)
-    tenancy: Any = None  # service.security.tenancy.Tenancy, set by the server (per-tenant metrics)
-    response_cache: Any = None  # service.response_cache.CacheFront, set by the server (its metrics)
-    prometheus_registry: Any = None  # prometheus_client registry of the metrics (setup.make_telemetry)
+    prometheus_registry: CollectorRegistry | None = None  # the metrics' registry (OTelTelemetry's argument)
 
-    def attach(self, engine: Any) -> None:
-        """Called once the engine is built (before SERVING): route its hooks here."""
-        engine.telemetry = self
+    def observe(
+        self,
+        engine: EngineView,
+        tenancy: TenantView | None = None,
+        response_cache: ResponseCacheView | None = None,
+        threads: AdaptiveThreads | None = None,
+    ) -> None:
+        """Called once the engine is built (before SERVING): what the metrics read. No-op here.
 
-    def server_interceptors(self) -> list[Any]:
+        The engine calls this object's hooks (``Engine(..., hooks=telemetry)``); this is the other
+        direction, read-only: the engine's, tenants', response cache's and thread control's views.
+        """
+        return None
+
+    def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """gRPC aio server interceptors to install (none when tracing is off)."""
         return []
 
@@ -68,7 +88,7 @@ class Telemetry:
                 extra=self.log_fields(seq),
             )
 
-    def on_finish(self, seq: Sequence, event: Any) -> None:
+    def on_finish(self, seq: Sequence, event: Done | Error) -> None:
         """Event loop thread: the request's final event (Done or Error) was produced.
 
         Also called with an Error when ``submit`` refused the request after
@@ -118,9 +138,9 @@ class Telemetry:
         return None
 
 
-def _request_attributes(seq: Sequence, model: str) -> dict[str, Any]:
+def _request_attributes(seq: Sequence, model: str) -> dict[str, AttributeValue]:
     p = seq.params
-    attrs: dict[str, Any] = {
+    attrs: dict[str, AttributeValue] = {
         "gen_ai.operation.name": OPERATION,
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.request.model": model,
@@ -142,7 +162,7 @@ def _request_attributes(seq: Sequence, model: str) -> dict[str, Any]:
     return attrs
 
 
-def _finish_reason(event: Any) -> str:
+def _finish_reason(event: Done | Error) -> str:
     return event.finish_reason.value if isinstance(event, Done) else "error"
 
 
@@ -150,36 +170,45 @@ class OTelTelemetry(Telemetry):
     """OpenTelemetry traces (``tracer_provider``) and/or metrics (``meter_provider``).
 
     ``closers`` run at ``shutdown`` after the providers are flushed (e.g. the
-    Prometheus HTTP server). Providers are used explicitly, never set global.
+    Prometheus HTTP server); ``registry`` is the prometheus_client registry the
+    metrics are served from (``/metrics``, ``--prometheus-port``). Providers are
+    used explicitly, never set global.
     """
 
     def __init__(
         self,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         closers: Iterable[Callable[[], None]] = (),
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
+        self.prometheus_registry = registry
         self.enabled = tracer_provider is not None
         self._tracer = tracer_provider.get_tracer("service.inference") if tracer_provider else None
         self._closers = list(closers)
-        self._histograms: Any = None
+        self._histograms: RequestHistograms | None = None
         self.model = ""
         self.span_name = OPERATION
 
-    def attach(self, engine: Any) -> None:
-        super().attach(engine)
-        self.model = engine.runner.model_path.name
+    def observe(
+        self,
+        engine: EngineView,
+        tenancy: TenantView | None = None,
+        response_cache: ResponseCacheView | None = None,
+        threads: AdaptiveThreads | None = None,
+    ) -> None:
+        self.model = engine.view().model.model
         self.span_name = f"{OPERATION} {self.model}"
         if self.meter_provider is not None:
             from service.observability.otel_metrics import RequestHistograms, observe_engine
 
             meter = self.meter_provider.get_meter("service.inference")
-            observe_engine(meter, engine, self.tenancy, self.response_cache)
+            observe_engine(meter, engine, tenancy, response_cache, threads)
             self._histograms = RequestHistograms(meter, self.model)
 
-    def server_interceptors(self) -> list[Any]:
+    def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         if self.tracer_provider is None:
             return []
         from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
@@ -224,7 +253,7 @@ class OTelTelemetry(Telemetry):
                 {"inference.preemption.reason": reason, "inference.generated_tokens": seq.num_generated},
             )
 
-    def on_finish(self, seq: Sequence, event: Any) -> None:
+    def on_finish(self, seq: Sequence, event: Done | Error) -> None:
         super().on_finish(seq, event)
         if self._histograms is not None:
             self._histograms.record(seq, event)
@@ -245,7 +274,7 @@ class OTelTelemetry(Telemetry):
             close()
 
 
-def _end_span(span: Any, seq: Sequence, event: Any) -> None:
+def _end_span(span: Span, seq: Sequence, event: Done | Error) -> None:
     """Final attributes, the closing event and the status; then end the span."""
     span.set_attributes(
         {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
+from service.observability.views import MetricsSnapshot
 from service.priority import QueueFull
 from service.request.sequence import Priority, Sequence
 
@@ -33,7 +33,7 @@ class RetryHints:
     is refreshed at most every ``RETRY_HINT_TTL_S``.
     """
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], max_running: int) -> None:
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot], max_running: int) -> None:
         self.snapshot = snapshot
         self.max_running = max(max_running, 1)
         self._e2e: dict[Priority, tuple[float, float]] = {}  # tier -> (computed at, e2e p50 ms)
@@ -42,7 +42,7 @@ class RetryHints:
         now = time.monotonic()
         at, e2e = self._e2e.get(priority, (-1.0, 0.0))
         if now - at > RETRY_HINT_TTL_S:
-            e2e = self.snapshot()["tiers"][priority]["e2e"]["p50_ms"] or 1000.0
+            e2e = self.snapshot().tiers[priority].e2e.p50_ms or 1000.0
             self._e2e[priority] = (now, e2e)
         backlog = depth / self.max_running
         return int(min(60_000, max(100.0, e2e * max(backlog, 0.1))))

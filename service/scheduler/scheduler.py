@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
+from service.observability.views import SchedulerLoad
 from service.paged_kv import KVBlockManager
 from service.priority import QueuePolicy
 from service.request.sequence import FinishReason, Priority, SeqStatus, Sequence
@@ -45,6 +46,13 @@ def _is_decoding(seq: Sequence) -> bool:
 FinishCheck = Callable[[Sequence, int], FinishReason | None]
 
 
+def _per_tier(seqs: list[Sequence]) -> dict[Priority, int]:
+    counts = dict.fromkeys(Priority, 0)
+    for s in seqs:
+        counts[s.priority] += 1
+    return counts
+
+
 class Scheduler:
     """Owns the waiting and running lists; plans steps under token, lane and KV limits."""
 
@@ -60,6 +68,7 @@ class Scheduler:
         mixed_step_tokens: int | None = None,
         prompt_rows: int = 32,
         clock: Callable[[], float] = time.monotonic,
+        batch_rows: BatchRowCap | None = None,
     ) -> None:
         if step_tokens < max_running:
             raise ValueError("step_tokens must be >= max_running so every running sequence can decode")
@@ -76,7 +85,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions: Counter[tuple[Priority, str]] = Counter()
         self._isolated_last = False
-        self.batch_rows: BatchRowCap | None = None  # fewer batch decode rows beside interactive work
+        self.batch_rows = batch_rows  # fewer batch decode rows beside interactive work (None: no cap)
 
     # -- requests ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -102,6 +111,18 @@ class Scheduler:
     def has_runnable(self) -> bool:
         """Anything a step could do: a request that is not paused."""
         return any(not s.paused and s.may_start() for s in self.waiting) or any(not s.paused for s in self.running)
+
+    def view(self) -> SchedulerLoad:
+        """Per-tier counts and preemptions, for metrics (any thread: reads copies of the lists).
+
+        NOTE: the engine thread may change the lists or the counter meanwhile; copying a list is
+        atomic under the GIL, but copying the counter may raise RuntimeError (resized during
+        iteration): readers retry (``service.observability.otel_metrics``).
+        """
+        running, waiting = list(self.running), list(self.waiting)
+        return SchedulerLoad(
+            running=_per_tier(running), waiting=_per_tier(waiting), preemptions=dict(self.preemptions)
+        )
 
     # -- planning ------------------------------------------------------------------
     def schedule(self) -> Plan:

@@ -11,8 +11,10 @@ priority tier by tenant (``service.scheduler.fair_share``).
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import Any
 
+from service.observability.views import TenantFigures
 from service.request.sequence import Sequence
 from service.scheduler.fair_share import FairShare
 from service.security.auth import AuthInterceptor, Credential, Denial, authenticate
@@ -92,15 +94,34 @@ class Tenancy:
         """``seq`` ended (or was refused): its reservation becomes the tokens it used."""
         self.quotas.settle(seq, refused)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Per-tenant figures for GetMetrics: the file's tenants (or ``anonymous``), sorted by name."""
+    def view(self) -> list[TenantFigures]:
+        """Per-tenant figures for metrics: the file's tenants (or ``anonymous``), sorted by name."""
         names = self.names()
         books = self.quotas.snapshot(names)
         counters = self.fair.snapshot() if self.fair is not None else {}
-        rows = []
-        for name in names:
-            row: dict[str, Any] = {"tenant": name, "weight": self.weight(name)}
-            row.update(books.get(name, {}))
-            row["service"] = counters.get(name, 0.0)
-            rows.append(row)
-        return rows
+        return [_figures(name, self.weight(name), books[name], counters.get(name, 0.0)) for name in names]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``view()`` as plain dicts (tests and ad-hoc reads)."""
+        return [asdict(f) for f in self.view()]
+
+
+def _figures(name: str, weight: float, books: dict[str, int], service: float) -> TenantFigures:
+    """One tenant's row from its quota books (``TenantQuotas.snapshot``, which lists every name asked for).
+
+    NOTE: indexed, not ``.get``: a key renamed in the quota books fails loudly here (and in
+    ``tests/unit/security``) instead of reporting zeros.
+    """
+    return TenantFigures(
+        tenant=name,
+        weight=weight,
+        requests=books["requests"],
+        rejected=books["rejected"],
+        finished=books["finished"],
+        in_flight=books["in_flight"],
+        queued=books["queued"],
+        prompt_tokens=books["prompt_tokens"],
+        generated_tokens=books["generated_tokens"],
+        window_tokens=books["window_tokens"],
+        service=service,
+    )

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,27 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.observability.engine_metrics import EngineMetrics
 from service.observability.model_server import ModelServerCollector
 from service.request.sequence import FinishReason, Priority, SamplingParams, Sequence
-
-
-@dataclass
-class Sched:
-    running: list[Any] = field(default_factory=list)
-    waiting: list[Any] = field(default_factory=list)
-    preemptions: dict[Any, int] = field(default_factory=dict)
-
-
-@dataclass
-class KV:
-    num_used: int = 0
-    num_blocks: int = 64
-    block_size: int = 16
-
-
-@dataclass
-class FakeEngine:
-    scheduler: Sched = field(default_factory=Sched)
-    kv: KV = field(default_factory=KV)
-    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+from tests.support.metric_views import FakeEngine, kv_snapshot, scheduler_load
 
 
 def scrape(engine: FakeEngine) -> dict[str, float]:
@@ -55,7 +32,7 @@ def finished(arrival: float, first_token: float, end: float) -> Sequence:
 
 
 def test_gauges_follow_the_scheduler_and_the_kv_pool() -> None:
-    engine = FakeEngine(Sched(running=[1, 2], waiting=[3, 4, 5]), KV(num_used=16, num_blocks=64))
+    engine = FakeEngine(scheduler_load(running=2, waiting=3), kv_snapshot(blocks_used=16, blocks_total=64))
     m = scrape(engine)
     assert m["vllm:num_requests_running{}"] == 2 and m["vllm:num_requests_waiting{}"] == 3
     assert m["vllm:kv_cache_usage_perc{}"] == 0.25
@@ -63,9 +40,10 @@ def test_gauges_follow_the_scheduler_and_the_kv_pool() -> None:
 
 
 def test_latency_histograms_count_finished_requests_in_seconds() -> None:
-    engine = FakeEngine()
-    engine.metrics.on_finish(finished(10.0, 10.03, 10.9))  # TTFT 30 ms, e2e 0.9 s
-    engine.metrics.on_finish(finished(20.0, 21.0, 23.0))  # TTFT 1 s, e2e 3 s
+    metrics = EngineMetrics()
+    engine = FakeEngine(metrics=metrics)
+    metrics.on_finish(finished(10.0, 10.03, 10.9))  # TTFT 30 ms, e2e 0.9 s
+    metrics.on_finish(finished(20.0, 21.0, 23.0))  # TTFT 1 s, e2e 3 s
     m = scrape(engine)
     assert m["vllm:time_to_first_token_seconds_count{}"] == 2
     assert m["vllm:time_to_first_token_seconds_bucket{le=0.04}"] == 1
@@ -84,16 +62,20 @@ def test_histograms_and_document_counters_record_the_same_finished_requests() ->
     class Json:
         kind = "json_schema"
 
-    engine = FakeEngine()
+    metrics = EngineMetrics()
+    engine = FakeEngine(metrics=metrics)
     closed, cut = finished(1.0, 1.1, 1.5), finished(2.0, 2.1, 2.5)
     closed.finish_reason, cut.finish_reason = FinishReason.CLOSED, FinishReason.LENGTH
     closed.grammar = cut.grammar = Json()
-    engine.metrics.on_finish(closed)
-    engine.metrics.on_finish(cut)
-    engine.metrics.on_finish(finished(3.0, 3.1, 3.5))  # plain text, STOP: no document
+    metrics.on_finish(closed)
+    metrics.on_finish(cut)
+    metrics.on_finish(finished(3.0, 3.1, 3.5))  # plain text, STOP: no document
     m = scrape(engine)
     assert m["vllm:e2e_request_latency_seconds_count{}"] == 3
     assert m["vllm:request_success_total{finished_reason=stop}"] == 2
     assert m["vllm:request_success_total{finished_reason=length}"] == 1
-    grammar = engine.metrics.snapshot()["grammar"]
-    assert (grammar["documents_natural"], grammar["documents_closed"], grammar["documents_cut_off"]) == (0, 1, 1)
+    grammar = metrics.figures().grammar
+    assert (grammar.documents_natural, grammar.documents_closed, grammar.documents_cut_off) == (0, 1, 1)
+    snap = metrics.snapshot()  # the same figures as plain dicts, as tests and tools index them
+    assert snap["grammar"]["documents_closed"] == 1
+    assert snap["tiers"][Priority.INTERACTIVE]["completed"] == 3 and snap["tiers"][0]["e2e"]["count"] == 3

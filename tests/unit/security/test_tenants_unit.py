@@ -255,7 +255,7 @@ def test_tenant_metrics_are_bounded_by_the_file(tmp_path: Path) -> None:
     tenancy.reserve(unknown)  # (the interceptor never lets such a name through)
     rows = tenant_metrics(tenancy)
     assert [(r.tenant, r.weight, r.requests_total, r.in_flight) for r in rows] == [("a", 2.0, 1, 1)]
-    observed = _per_tenant("requests_total")(pb.GetMetricsResponse(tenants=rows))
+    observed = _per_tenant(lambda t: t.requests_total)(pb.GetMetricsResponse(tenants=rows))
     assert observed == [(1, {"inference.tenant": "a"})]
 
 
