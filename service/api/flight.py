@@ -9,6 +9,10 @@ runs it. Contract, for every flight:
   ``Error``, or the ``Done`` of its last choice (``terminal=True``); with
   ``n`` choices each earlier choice's ``Done`` comes with ``terminal=False``;
 * nothing reaches the sink after the terminal event;
+* with ``after`` (the previous request of the same Generate stream), the
+  flight is admitted (cache, submit) only once ``after`` was submitted or
+  ended: requests of one stream enter in the order they were sent, although
+  they are prepared in parallel;
 * a cancel before submission ends the flight at the next stage boundary
   (a ``Done`` CANCELLED per choice, or the cancel's own ``Error``); after submission it
   aborts every choice in the engine, whose terminal events follow.
@@ -18,6 +22,7 @@ Event loop only.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from service.api.ask import Ask
@@ -43,8 +48,13 @@ class Control(Protocol):
 class Flight:
     """One request in the lifecycle (see the module docstring)."""
 
-    def __init__(self, ask: Ask, sink: Sink, control: Control, credential: Credential | None, tenant: str) -> None:
+    def __init__(
+        self, ask: Ask, sink: Sink, control: Control, credential: Credential | None, tenant: str,
+        after: Flight | None = None,
+    ) -> None:
         self.ask, self.sink, self.control = ask, sink, control
+        self.after = after  # admitted only after this flight (None once it was)
+        self.settled = asyncio.Event()  # submitted or ended: the next flight of its stream may go
         self.credential = credential  # what authenticated the call: checked again while it streams
         self.tenant = tenant  # whose request it is: quotas, fair share, cache scope
         self.seqs: tuple[Sequence, ...] = ()  # the submitted choices (empty before submission)

@@ -11,6 +11,8 @@ itself owns only what is the stream's:
   (malformed, empty or duplicate ids) are answered here;
 * the stream ends (the RPC completes) once the client has half-closed and every
   accepted request has had its terminal event;
+* order: requests are prepared in parallel but admitted (cache, engine) in
+  the order the client sent them;
 * backpressure: past ``backlog_high`` messages the client has not read
   (``service.api.stream_backlog``) the stream's flights pause, at
   ``backlog_low`` they resume, and a stream paused for ``stall_timeout_s`` has
@@ -57,6 +59,7 @@ class GenerateStream:
         self.reading = True
         self.closed = False
         self.backlog = Backlog(limits, acks, self._set_paused, self._on_stall)
+        self.last: Flight | None = None  # the request sent last (the next one is admitted after it)
 
     # -- reading the client's messages -----------------------------------------------------
     async def read(self, requests: AsyncIterator[pb.GenerateRequest]) -> None:
@@ -90,7 +93,9 @@ class GenerateStream:
             self._put_error(rid, "INVALID_ARGUMENT", f"duplicate request_id {rid!r}: a request with it is in flight")
         else:
             self.finished.pop(rid, None)
-            self.active[rid] = self.intake.start(Ask.generate(req, self.deadline), self._sink(rid))
+            # NOTE: in the order sent: a request is admitted after the stream's previous one
+            self.last = self.intake.start(Ask.generate(req, self.deadline), self._sink(rid), self.last)
+            self.active[rid] = self.last
             if self.backlog.paused:
                 self.active[rid].pause(True)
 

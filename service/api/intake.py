@@ -111,13 +111,14 @@ class Intake:
             await context.abort(grpc.StatusCode.UNAVAILABLE, why.message)
 
     # -- the lifecycle ----------------------------------------------------------------------------
-    def open(self, ask: Ask, sink: Sink) -> Flight:
-        """A flight for ``ask``; the caller's credential and tenant come from the call's context."""
-        return Flight(ask, sink, self, current_credential(), ask.tenant or current_tenant())
+    def open(self, ask: Ask, sink: Sink, after: Flight | None = None) -> Flight:
+        """A flight for ``ask`` (admitted after ``after``); the caller's credential and tenant come
+        from the call's context."""
+        return Flight(ask, sink, self, current_credential(), ask.tenant or current_tenant(), after)
 
-    def start(self, ask: Ask, sink: Sink) -> Flight:
+    def start(self, ask: Ask, sink: Sink, after: Flight | None = None) -> Flight:
         """``open`` and ``run`` in a task of its own (a stream goes on reading meanwhile)."""
-        flight = self.open(ask, sink)
+        flight = self.open(ask, sink, after)
         task = asyncio.get_running_loop().create_task(self.run(flight))
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
@@ -149,6 +150,9 @@ class Intake:
             if (why := self.unavailable(Need.WORK)) is not None:
                 raise Refused(Error("UNAVAILABLE", why.message, why.reason, retry_after_ms=1000))
             seqs = await self.prepare(f.ask, f.tenant)
+            if f.after is not None:  # NOTE: prepared in parallel, admitted in the order the stream sent them
+                await f.after.settled.wait()
+                f.after = None
             if not self._stopped(f, len(seqs)) and not await self._answered_from_cache(f, seqs):
                 self._submit(f, seqs)
         except Refused as exc:
@@ -158,6 +162,9 @@ class Intake:
         except Exception as exc:  # a bug or an environment failure: this request only
             log.exception("preparing request failed")
             self._end(f, Error("INTERNAL", f"preparing the request failed: {type(exc).__name__}"))
+        finally:
+            f.after = None  # NOTE: never a chain of ended flights on a long stream
+            f.settled.set()
 
     def _authenticate(self, f: Flight) -> None:
         """Stage 1: the credential that authenticated the call is still in force."""
@@ -219,6 +226,7 @@ class Intake:
                 self._end(f, f.refused)
                 return
         f.seqs, f.left = tuple(seqs), len(seqs)
+        f.settled.set()
         if f.ticket is not None:
             self.telemetry.cache_hit(seqs[0], False)
         for seq in seqs if f.paused else ():  # paused by its front end before it was submitted

@@ -280,3 +280,32 @@ async def test_a_draining_server_refuses_before_preparing() -> None:
     ((event, _),) = h.events
     assert isinstance(event, Error) and (event.status, event.reason) == ("UNAVAILABLE", "draining")
     assert not preparer.started.is_set()
+
+
+class GatedPreparer(Preparer):
+    """Holds the preparation of the asks named in ``gates`` until their event is set."""
+
+    def __init__(self, gates: dict[str, threading.Event]) -> None:
+        super().__init__()
+        self.gates = gates
+
+    async def prepare(self, ask: Ask, tenant: str) -> list[Sequence]:
+        if (gate := self.gates.get(ask.request_id)) is not None:
+            await asyncio.to_thread(gate.wait, 30)
+        return await super().prepare(ask, tenant)
+
+
+async def test_requests_of_one_stream_enter_the_engine_in_the_order_sent() -> None:
+    """The first request's preparation is slow, the second's instant: the second still waits its turn."""
+    slow = threading.Event()
+    h = Harness(GatedPreparer({"first": slow}))
+    first = h.intake.start(ask("first"), h.sink)
+    second = h.intake.start(ask("second"), h.sink, after=first)
+    third = h.intake.start(ask("third"), h.sink, after=second)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert h.engine.submitted == [] and not second.settled.is_set()
+    slow.set()
+    await asyncio.wait_for(third.settled.wait(), 30)
+    assert [s.request_id for s in h.engine.submitted] == ["first", "second", "third"]
+    assert second.after is None and third.after is None  # nothing chains ended flights together
