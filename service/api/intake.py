@@ -131,7 +131,7 @@ class Intake:
 
         def sink(event: Event, terminal: bool) -> None:
             events.append(event)
-            if terminal:
+            if terminal and not ended.done():  # NOTE: done already when the caller was cancelled
                 ended.set_result(None)
 
         flight = self.open(ask, sink)
