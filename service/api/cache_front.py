@@ -67,10 +67,13 @@ class CacheFront:
     def __init__(self, cache: ResponseCache | None) -> None:
         self.cache = cache
 
-    async def admit(self, ask: Ask, seq: Sequence, gave_up: Callable[[], bool]) -> Replay | Ticket | None:
+    async def admit(
+        self, ask: Ask, seq: Sequence, gave_up: Callable[[], bool], on_follow: Callable[[], None]
+    ) -> Replay | Ticket | None:
         """A Replay answering the request, a Ticket to record its run with, or None to just run it.
 
-        ``gave_up()`` turns true when the request is cancelled meanwhile.
+        ``gave_up()`` turns true when the request is cancelled meanwhile; ``on_follow()`` is called
+        when it starts waiting for an identical request's answer.
         """
         if not ask.cache.use:
             return None
@@ -87,7 +90,7 @@ class CacheFront:
             return _error("INVALID_ARGUMENT", str(exc))
         if t.key is None:
             return _error("NOT_FOUND", NEVER_CACHED) if t.only_if_cached else None
-        hit = await self.cache.lookup(t, lambda: gave_up() or seq.expired(time.monotonic()))
+        hit = await self.cache.lookup(t, lambda: gave_up() or seq.expired(time.monotonic()), on_follow)
         if hit is not None:
             return _hit_replay(seq, hit)
         if gave_up():  # cancelled while waiting for an identical request

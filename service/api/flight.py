@@ -10,9 +10,11 @@ runs it. Contract, for every flight:
   ``n`` choices each earlier choice's ``Done`` comes with ``terminal=False``;
 * nothing reaches the sink after the terminal event;
 * with ``after`` (the previous request of the same Generate stream), the
-  flight is admitted (cache, submit) only once ``after`` was submitted or
-  ended: requests of one stream enter in the order they were sent, although
-  they are prepared in parallel;
+  flight is admitted (cache, submit) only once ``after`` was submitted,
+  ended, or is waiting for an identical request's answer: requests of one
+  stream enter in the order they were sent, although they are prepared in
+  parallel (and the scheduler orders by ``arrival``, taken when the flight
+  opened);
 * a cancel before submission ends the flight at the next stage boundary
   (a ``Done`` CANCELLED per choice, or the cancel's own ``Error``); after submission it
   aborts every choice in the engine, whose terminal events follow.
@@ -23,6 +25,7 @@ Event loop only.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from service.api.ask import Ask
@@ -53,6 +56,7 @@ class Flight:
         after: Flight | None = None,
     ) -> None:
         self.ask, self.sink, self.control = ask, sink, control
+        self.arrival = time.monotonic()  # NOTE: the request's arrival, not the end of its preparation
         self.after = after  # admitted only after this flight (None once it was)
         self.settled = asyncio.Event()  # submitted or ended: the next flight of its stream may go
         self.credential = credential  # what authenticated the call: checked again while it streams

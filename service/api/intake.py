@@ -149,7 +149,7 @@ class Intake:
             self._authenticate(f)
             if (why := self.unavailable(Need.WORK)) is not None:
                 raise Refused(Error("UNAVAILABLE", why.message, why.reason, retry_after_ms=1000))
-            seqs = await self.prepare(f.ask, f.tenant)
+            seqs = await self.prepare(f.ask, f.tenant, f.arrival)
             if f.after is not None:  # NOTE: prepared in parallel, admitted in the order the stream sent them
                 await f.after.settled.wait()
                 f.after = None
@@ -172,9 +172,12 @@ class Intake:
             raise Refused(Error(denial[0].name, denial[1]))
         f.checked_at = time.monotonic()
 
-    async def prepare(self, ask: Ask, tenant: str = "anonymous") -> list[Sequence]:
-        """Stage 3: the request's choices, not submitted; raises BadRequest (also batch uploads' check)."""
-        return await self.preparer.prepare(ask, tenant)
+    async def prepare(self, ask: Ask, tenant: str = "anonymous", arrival: float | None = None) -> list[Sequence]:
+        """Stage 3: the request's choices, not submitted; raises BadRequest (also batch uploads' check).
+
+        ``arrival`` (monotonic; default now) is when the request came in: the scheduler orders by it.
+        """
+        return await self.preparer.prepare(ask, tenant, time.monotonic() if arrival is None else arrival)
 
     def _stopped(self, f: Flight, choices: int) -> bool:
         """A flight cancelled before submission ends here: each choice CANCELLED, or the cancel's error."""
@@ -189,7 +192,8 @@ class Intake:
     async def _answered_from_cache(self, f: Flight, seqs: list[Sequence]) -> bool:
         """Stage 4: True when the response cache answered (or ended) the request."""
         seq = seqs[0]
-        outcome = await self.cache.admit(f.ask, seq, lambda: f.cancelled)
+        # NOTE: a request waiting for an identical one's answer lets its stream's next request go
+        outcome = await self.cache.admit(f.ask, seq, lambda: f.cancelled, f.settled.set)
         if not isinstance(outcome, Replay):
             f.ticket = outcome
             if self._stopped(f, len(seqs)):

@@ -67,10 +67,10 @@ class Preparer:
     def __init__(self, builder: RequestBuilder, grammar: GrammarService, pool: Executor) -> None:
         self.builder, self.grammar, self._pool = builder, grammar, pool
 
-    async def prepare(self, ask: Ask, tenant: str) -> list[Sequence]:
-        """The request's choices, validated and ready to submit; raises BadRequest."""
+    async def prepare(self, ask: Ask, tenant: str, arrival: float) -> list[Sequence]:
+        """The request's choices (arrived at ``arrival``), validated and ready to submit; raises BadRequest."""
         plan = await asyncio.get_running_loop().run_in_executor(self._pool, self.plan, ask)
-        seqs = [await self._sequence(ask, plan, tenant) for _ in range(plan.params.n)]
+        seqs = [await self._sequence(ask, plan, tenant, arrival) for _ in range(plan.params.n)]
         return link_choices(seqs)
 
     def plan(self, ask: Ask) -> Plan:
@@ -94,11 +94,11 @@ class Preparer:
             raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
         return Plan(tuple(ids), params, priority)
 
-    async def _sequence(self, ask: Ask, plan: Plan, tenant: str) -> Sequence:
+    async def _sequence(self, ask: Ask, plan: Plan, tenant: str, arrival: float) -> Sequence:
         """One choice's Sequence (event loop: cheap; the grammar compiles in its own pool)."""
         seq = Sequence(
             request_id=ask.request_id, token_ids=list(plan.token_ids), params=plan.params,
-            priority=plan.priority, deadline=ask.deadline,
+            priority=plan.priority, deadline=ask.deadline, arrival=arrival,
         )
         seq.tenant = tenant
         seq.text = TextStream(self.builder.vocab.token_bytes, plan.params.stop)

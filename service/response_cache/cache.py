@@ -139,9 +139,12 @@ class ResponseCache:
         return t
 
     # -- lookup -----------------------------------------------------------------------------
-    async def lookup(self, t: Ticket, gave_up: Callable[[], bool] = lambda: False) -> Hit | None:
+    async def lookup(
+        self, t: Ticket, gave_up: Callable[[], bool] = lambda: False, on_follow: Callable[[], None] = lambda: None
+    ) -> Hit | None:
         """A stored (or coalesced) answer, or None: then the caller runs the request (``t.leader``
-        says whether it leads a flight) unless ``t.only_if_cached`` or ``gave_up()``."""
+        says whether it leads a flight) unless ``t.only_if_cached`` or ``gave_up()``. ``on_follow`` is
+        called when the request starts waiting for an identical one that is running."""
         if t.key is None:
             return None
         if not t.read:  # BYPASS: computes (and leads, when nobody else computes this key)
@@ -157,6 +160,7 @@ class ResponseCache:
                 t.leader = not t.only_if_cached and self.flights.try_lead(t.key)
                 return None
             self.counters.coalesced += 1
+            on_follow()
             entry = await self.flights.follow(flight, gave_up)
             if entry is not None:
                 self.counters.hits += 1

@@ -64,13 +64,14 @@ class Preparer:
         self.n, self.gate, self.fail = n, gate, fail
         self.started = threading.Event()
 
-    async def prepare(self, ask: Ask, tenant: str) -> list[Sequence]:
+    async def prepare(self, ask: Ask, tenant: str, arrival: float = 0.0) -> list[Sequence]:
         self.started.set()
         if self.gate is not None:
             await asyncio.to_thread(self.gate.wait, 30)
         if self.fail is not None:
             raise self.fail
-        seqs = [Sequence(ask.request_id, [1, 2, 3], SamplingParams(max_tokens=4, n=self.n)) for _ in range(self.n)]
+        params = SamplingParams(max_tokens=4, n=self.n)
+        seqs = [Sequence(ask.request_id, [1, 2, 3], params, arrival=arrival) for _ in range(self.n)]
         for seq in seqs:
             seq.tenant = tenant
         return link_choices(seqs)
@@ -289,10 +290,10 @@ class GatedPreparer(Preparer):
         super().__init__()
         self.gates = gates
 
-    async def prepare(self, ask: Ask, tenant: str) -> list[Sequence]:
+    async def prepare(self, ask: Ask, tenant: str, arrival: float = 0.0) -> list[Sequence]:
         if (gate := self.gates.get(ask.request_id)) is not None:
             await asyncio.to_thread(gate.wait, 30)
-        return await super().prepare(ask, tenant)
+        return await super().prepare(ask, tenant, arrival)
 
 
 async def test_requests_of_one_stream_enter_the_engine_in_the_order_sent() -> None:
@@ -308,4 +309,6 @@ async def test_requests_of_one_stream_enter_the_engine_in_the_order_sent() -> No
     slow.set()
     await asyncio.wait_for(third.settled.wait(), 30)
     assert [s.request_id for s in h.engine.submitted] == ["first", "second", "third"]
+    arrivals = [s.arrival for s in h.engine.submitted]  # the scheduler's order: when each was sent
+    assert arrivals == sorted(arrivals) and arrivals[0] == first.arrival
     assert second.after is None and third.after is None  # nothing chains ended flights together
