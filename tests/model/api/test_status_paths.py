@@ -191,9 +191,11 @@ def test_a_client_that_disconnects_during_an_upload_leaves_no_job(
         (new,) = set(jobs()) - set(before)
         assert jobs()[new] == bpb.BATCH_STATE_VALIDATING
         call.cancel()
-        hold.set()
         with pytest.raises(grpc.FutureCancelledError):
             call.result()
+        # NOTE: the request iterator is released only once the call is cancelled: released earlier,
+        # its end (a half-close) can reach the server before the cancel and complete the upload
+        hold.set()
     assert wait_for(lambda: new not in jobs()), jobs()  # the half-uploaded job was discarded
     with pytest.raises(grpc.RpcError) as info:
         bstub(channel).GetBatch(bpb.GetBatchRequest(batch_id=new), timeout=30)
