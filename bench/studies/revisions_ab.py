@@ -39,11 +39,11 @@ async def _measure(target: str, prompts: list[list[str]]) -> dict[str, Any]:
         return summarize(results, time.perf_counter() - t0)
 
 
-def _paired(servers: dict[str, GrpcServer], model: Path, reps: int) -> list[dict[str, Any]]:
+def _paired(servers: dict[str, GrpcServer], model: Path, reps: int, loads: dict[int, int]) -> list[dict[str, Any]]:
     rows = []
     for rep in range(reps):
         maker = PromptMaker(model, seed=1000 + rep)
-        for i, (c, n) in enumerate(FULL_LOADS.items()):
+        for i, (c, n) in enumerate(loads.items()):
             prompts = [maker.unique(n, 30, 60) for _ in range(c)]
             order = ("before", "after") if (rep + i) % 2 == 0 else ("after", "before")
             for arm in order:
@@ -72,14 +72,17 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--loads", type=int, nargs="+", default=sorted(FULL_LOADS),
+                    help="the concurrencies to run (default: all of scenario A's)")
     args = ap.parse_args()
+    loads = {c: FULL_LOADS[c] for c in args.loads}
     sources = {"before": args.before.resolve(), "after": args.after.resolve()}
     servers = {arm: GrpcServer(f"revisions-{arm}", args.model, "--max-running", "32", source=src)
                for arm, src in sources.items()}
     try:
         for s in servers.values():
             s.start()
-        rows = _paired(servers, args.model, args.reps)
+        rows = _paired(servers, args.model, args.reps, loads)
     finally:
         for s in servers.values():
             s.stop()

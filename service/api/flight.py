@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.api.ask import Ask
-from service.request.events import Error, Event
+from service.request.events import Done, Error, Event
 from service.request.sequence import Sequence
 from service.response_cache.cache import Ticket
 from service.security.auth import Credential
@@ -48,28 +49,41 @@ class Control(Protocol):
     def pause(self, seq: Sequence, paused: bool) -> None: ...
 
 
-class Flight:
-    """One request in the lifecycle (see the module docstring)."""
+class Observer(Protocol):
+    """What the lifecycle tells telemetry (``service.observability.telemetry.Telemetry``)."""
 
-    def __init__(
-        self, ask: Ask, sink: Sink, control: Control, credential: Credential | None, tenant: str,
-        after: Flight | None = None,
-    ) -> None:
-        self.ask, self.sink, self.control = ask, sink, control
-        self.arrival = time.monotonic()  # NOTE: the request's arrival, not the end of its preparation
-        self.after = after  # admitted only after this flight (None once it was)
-        self.settled = asyncio.Event()  # submitted or ended: the next flight of its stream may go
-        self.credential = credential  # what authenticated the call: checked again while it streams
-        self.tenant = tenant  # whose request it is: quotas, fair share, cache scope
-        self.seqs: tuple[Sequence, ...] = ()  # the submitted choices (empty before submission)
-        self.left = 0  # choices whose terminal event has not come yet
-        self.ticket: Ticket | None = None  # the response cache's, when the request leads or stores
-        self.refused: Error | None = None  # the engine or a quota refused the submission
-        self.ended = False
-        self.paused = False
-        self.checked_at = 0.0  # when the credential was last checked (monotonic)
-        self.cancelled = False
-        self.cancel_error: Error | None = None  # a cancel's own error (None: a plain cancel, CANCELLED)
+    def on_submit(self, seq: Sequence) -> None:
+        """``seq`` was submitted (or answered by the response cache, which counts as a request that ran)."""
+
+    def cache_hit(self, seq: Sequence, hit: bool) -> None:
+        """The response cache answered ``seq`` (``hit``) or let it run and store its answer."""
+
+    def on_finish(self, seq: Sequence, event: Done | Error) -> None:
+        """``seq`` ended with ``event``."""
+
+
+@dataclass(eq=False)
+class Flight:
+    """One request in the lifecycle (see the module docstring); ``Intake.open`` makes it."""
+
+    ask: Ask
+    sink: Sink
+    control: Control
+    credential: Credential | None  # what authenticated the call: checked again while it streams
+    tenant: str  # whose request it is: quotas, fair share, cache scope
+    after: Flight | None = None  # admitted only after this flight (None once it was)
+    # NOTE: the request's arrival, not the end of its preparation (the scheduler orders by it)
+    arrival: float = field(default_factory=time.monotonic)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # submitted or ended: the stream's next may go
+    seqs: tuple[Sequence, ...] = ()  # the submitted choices (empty before submission)
+    left: int = 0  # choices whose terminal event has not come yet
+    ticket: Ticket | None = None  # the response cache's, when the request leads or stores
+    refused: Error | None = None  # the engine or a quota refused the submission
+    ended: bool = False
+    paused: bool = False
+    checked_at: float = 0.0  # when the credential was last checked (monotonic)
+    cancelled: bool = False
+    cancel_error: Error | None = None  # a cancel's own error (None: a plain cancel, CANCELLED)
 
     @property
     def request_id(self) -> str:

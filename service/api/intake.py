@@ -38,13 +38,12 @@ import grpc
 
 from service.api.ask import Ask
 from service.api.cache_front import CacheFront, Replay
-from service.api.flight import Flight, Sink
+from service.api.flight import Flight, Observer, Sink
 from service.api.grammar_service import GrammarService
 from service.api.preparer import WORKERS, Preparer
 from service.api.readiness import Need, Unavailable, unavailable, unavailable_metadata
 from service.api.request_builder import RequestBuilder
 from service.continuous_batcher import Draining, Engine
-from service.observability.telemetry import Telemetry
 from service.priority import QueueFull
 from service.request.errors import BadRequest
 from service.request.events import Delta, Done, Error, Event
@@ -82,7 +81,7 @@ class Intake:
     grammar: GrammarService
     preparer: Preparer
 
-    def __init__(self, telemetry: Telemetry, tenancy: Tenancy, cache: CacheFront) -> None:
+    def __init__(self, telemetry: Observer, tenancy: Tenancy, cache: CacheFront) -> None:
         self.telemetry, self.tenancy, self.cache = telemetry, tenancy, cache
         self.ready = False
         self._runs: set[asyncio.Task[None]] = set()
@@ -114,7 +113,7 @@ class Intake:
     def open(self, ask: Ask, sink: Sink, after: Flight | None = None) -> Flight:
         """A flight for ``ask`` (admitted after ``after``); the caller's credential and tenant come
         from the call's context."""
-        return Flight(ask, sink, self, current_credential(), ask.tenant or current_tenant(), after)
+        return Flight(ask, sink, self, current_credential(), ask.tenant or current_tenant(), after=after)
 
     def start(self, ask: Ask, sink: Sink, after: Flight | None = None) -> Flight:
         """``open`` and ``run`` in a task of its own (a stream goes on reading meanwhile)."""
@@ -153,8 +152,11 @@ class Intake:
             if f.after is not None:  # NOTE: prepared in parallel, admitted in the order the stream sent them
                 await f.after.settled.wait()
                 f.after = None
-            if not self._stopped(f, len(seqs)) and not await self._answered_from_cache(f, seqs):
-                self._submit(f, seqs)
+            if self._stopped(f, len(seqs)):
+                return
+            hit = await self._cached(f, seqs)
+            if not f.ended:
+                self._submit(f, seqs, hit)
         except Refused as exc:
             self._end(f, exc.error)
         except BadRequest as exc:
@@ -181,39 +183,45 @@ class Intake:
 
     def _stopped(self, f: Flight, choices: int) -> bool:
         """A flight cancelled before submission ends here: each choice CANCELLED, or the cancel's error."""
-        if f.cancelled and f.cancel_error is not None:
-            self._end(f, f.cancel_error)
-        elif f.cancelled:
-            for i in range(choices - 1):
-                f.sink(Done.cancelled(i), False)
-            self._end(f, Done.cancelled(choices - 1))
-        return f.cancelled
-
-    async def _answered_from_cache(self, f: Flight, seqs: list[Sequence]) -> bool:
-        """Stage 4: True when the response cache answered (or ended) the request."""
-        seq = seqs[0]
-        # NOTE: a request waiting for an identical one's answer lets its stream's next request go
-        outcome = await self.cache.admit(f.ask, seq, lambda: f.cancelled, f.settled.set)
-        if not isinstance(outcome, Replay):
-            f.ticket = outcome
-            if self._stopped(f, len(seqs)):
-                self.cache.abandon(f.ticket)
-                return True
+        if not f.cancelled:
             return False
-        if outcome.hit is not None:  # NOTE: telemetry counts a hit as a request that ran
-            self.telemetry.on_submit(seq)
-            self.telemetry.cache_hit(seq, True)
-            self.telemetry.on_finish(seq, outcome.end)
-        for delta in outcome.deltas:
-            f.sink(delta, False)
-        self._end(f, outcome.end)
+        ends: list[Event] = [f.cancel_error] if f.cancel_error else [Done.cancelled(i) for i in range(choices)]
+        for end in ends[:-1]:
+            f.sink(end, False)
+        self._end(f, ends[-1])
         return True
 
-    def _submit(self, f: Flight, seqs: list[Sequence]) -> None:
-        """Stage 5: each choice through its tenant's quotas into the engine; a refusal ends the flight."""
-        for n, seq in enumerate(seqs):
+    async def _cached(self, f: Flight, seqs: list[Sequence]) -> Replay | None:
+        """Stage 4: the response cache's answer to submit (a hit), or None: run it (``f.ticket`` set
+        when its answer is to be stored). A flight that ended meanwhile is ended here."""
+        # NOTE: a request waiting for an identical one's answer lets its stream's next request go
+        outcome = await self.cache.admit(f.ask, seqs[0], lambda: f.cancelled, f.settled.set)
+        if isinstance(outcome, Replay) and outcome.hit is None:  # refused, or ended while it waited
+            for delta in outcome.deltas:
+                f.sink(delta, False)
+            self._end(f, outcome.end)
+            return None
+        if isinstance(outcome, Replay):
+            return outcome
+        f.ticket = outcome
+        if self._stopped(f, len(seqs)):
+            self.cache.abandon(f.ticket)
+        return None
+
+    def _submit(self, f: Flight, seqs: list[Sequence], hit: Replay | None) -> None:
+        """Stage 5: each choice through its tenant's quotas into the engine, or answered by the cache
+        (``hit``). Every end, a refusal's too, reaches stage 7 through ``seq.emit``, as the engine's do."""
+        for seq in seqs:
             seq.emit = functools.partial(self._on_event, f, seq)
-            self.telemetry.on_submit(seq)
+            self.telemetry.on_submit(seq)  # NOTE: telemetry counts a hit as a request that ran
+            if f.ticket is not None or hit is not None:
+                self.telemetry.cache_hit(seq, hit is not None)
+        if hit is not None:  # the answer replayed as the engine would have sent it (nothing to settle)
+            f.left = 1
+            for event in (*hit.deltas, hit.end):
+                seqs[0].emit(event)
+            return
+        for n, seq in enumerate(seqs):
             try:
                 self.tenancy.reserve(seq)  # QuotaExceeded is a QueueFull
                 try:
@@ -222,17 +230,13 @@ class Intake:
                     self.tenancy.settle(seq, refused=True)
                     raise
             except (QueueFull, Draining) as exc:
-                f.refused = rejection(exc)
-                self.telemetry.on_finish(seq, f.refused)
                 for earlier in seqs[:n]:  # their terminal events settle them and find the flight ended
                     self.engine.abort(earlier)
-                self.cache.abandon(f.ticket)
-                self._end(f, f.refused)
+                f.refused, f.left = rejection(exc), 1
+                seq.emit(f.refused)  # stage 7 as for any end (its reservation is settled already)
                 return
         f.seqs, f.left = tuple(seqs), len(seqs)
         f.settled.set()
-        if f.ticket is not None:
-            self.telemetry.cache_hit(seqs[0], False)
         for seq in seqs if f.paused else ():  # paused by its front end before it was submitted
             self.engine.pause(seq, True)
 

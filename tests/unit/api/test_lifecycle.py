@@ -248,7 +248,9 @@ async def test_a_refused_submission_settles_refused_and_ends_with_the_refusal(
     await h.intake.run(flight)
     assert flight.refused is not None and flight.refused.status == status
     assert flight.refused.retry_after_ms == retry_ms
-    assert h.order == ["settle refused", "telemetry", "cache abandoned", "deliver terminal"]
+    # the refused choice's end then runs stage 7 like any end: settle (nothing reserved any more),
+    # the cache's followers woken without an answer, telemetry, delivery
+    assert h.order == ["settle refused", "settle", "cache", "telemetry", "deliver terminal"]
     assert h.events == [(flight.refused, True)]
 
 
