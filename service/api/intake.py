@@ -11,8 +11,9 @@ stage          what happens                                                     
 1 authenticate the caller's credential is still good (revoked: UNAUTHENTICATED)     ``Tenancy.recheck``
 2 ready        the drain rule (loading, draining, engine failed: UNAVAILABLE)      ``service.api.readiness``
 3 prepare      validate, render, tokenize, compile the grammar: off the event loop  ``service.api.preparer``
-4 cache        response-cache lookup and coalescing; a hit answers here             ``CacheFront.admit``
+4 cache        response-cache lookup and coalescing; a hit is the answer to submit  ``CacheFront.admit``
 5 submit       tenant quotas reserved, then engine admission (QueueFull, Draining)  ``Tenancy``, ``Engine``
+               (a hit replayed instead); every end reaches 7 through ``seq.emit``
 6 stream       each delta: kept for the cache, credential re-checked (<= 1/s),      ``_on_delta``
                delivered; pause and cancel act on the flight
 7 finish       each choice's end: quota settled, then the cache record, then       ``_finish``
