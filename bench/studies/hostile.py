@@ -76,12 +76,11 @@ class Probe:
                 try:
                     with c.stream("POST", f"{self.base}/v1/chat/completions", json=body) as r:
                         self.statuses.append(str(r.status_code))
+                        first = True
                         for line in r.iter_lines():
-                            if line.startswith("data: ") and '"content"' in line:
+                            if first and line.startswith("data: ") and '"content"' in line:
                                 self.ttft_ms.append((time.perf_counter() - t0) * 1e3)
-                                break
-                        for _ in r.iter_lines():
-                            pass
+                                first = False
                 except httpx.HTTPError as exc:
                     self.statuses.append(type(exc).__name__)
 
