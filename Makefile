@@ -12,7 +12,7 @@ BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
 LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic postgres netns clean help
+.PHONY: setup serve test unit lint docs stubs templates model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic postgres netns clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -28,7 +28,7 @@ help:
 	@echo "make postgres - install PostgreSQL 15 for the shared batch store's tests (as root, if missing)"
 	@echo "make netns   - install iproute2 for the replicas-as-hosts tests (as root, if missing)"
 
-setup: $(STAMP) stubs model
+setup: $(STAMP) stubs model templates
 
 # NOTE: requirements.lock pins the whole environment; llama-cpp-python builds from source (~5 min once,
 # then pip's wheel cache serves it).
@@ -60,6 +60,11 @@ $(GEN)/batch_pb2.py: protos/batch.proto protos/inference.proto $(GEN)/inference_
 	$(PY) -m grpc_tools.protoc -Ibuild/protos --python_out=clients/python --pyi_out=clients/python \
 		--grpc_python_out=clients/python build/protos/inference/v1/batch.proto
 
+# Real chat templates of other model families (tests only), from the llama.cpp tree vendored in the
+# pinned llama-cpp-python sdist (PyPI); never committed.
+templates:
+	PYTHON=$(PYTHON) bash scripts/fetch_chat_templates.sh
+
 model: $(DEFAULT_MODEL)
 $(DEFAULT_MODEL):
 	$(PYTHON) scripts/fetch_model.py default --dest models
@@ -89,7 +94,7 @@ test: setup
 # No model file needed (nor fetched): tests marked `model` or `vocab` are deselected; the rest read at
 # most the tiny vocabulary tests/support/tiny_vocab.py builds. tests/conftest.py fails an unmarked test
 # that loads the model.
-unit: $(STAMP) stubs
+unit: $(STAMP) stubs templates
 	$(PY) -m pytest -q -m "not model and not vocab" $(ARGS)
 
 lint: setup

@@ -23,17 +23,8 @@ PYTHON="${PYTHON:-python3}"
 JOBS="${JOBS:-2}"
 TOOLS=(llama-server llama-batched-bench llama-quantize)
 
-VERSION="$(sed -n 's/^llama_cpp_python==//p' "$ROOT/requirements.lock")"
-# sha256 of llama_cpp_python-<version>.tar.gz on PyPI; update together with requirements.lock.
-declare -A SDIST_SHA256=(
-    [0.3.36]=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-)
-SHA="${SDIST_SHA256[$VERSION]:-}"
-if [[ -z "$SHA" ]]; then
-    echo "build_llama_tools: no sdist sha256 pinned for llama-cpp-python==$VERSION;" \
-        "add it to SDIST_SHA256 in $0" >&2
-    exit 1
-fi
+# shellcheck source=scripts/llama_sdist.sh
+source "$ROOT/scripts/llama_sdist.sh"
 
 # LLAMA_CURL is accepted but deprecated (a no-op) in this llama.cpp: downloading is gone from it.
 CMAKE_ARGS=(
@@ -65,9 +56,7 @@ rm -rf "$OUT/src" "$OUT/build" "$OUT/stamp"
 mkdir -p "$OUT/src" "$OUT/bin"
 start=$SECONDS
 
-"$PYTHON" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$OUT/src"
-TARBALL="$OUT/src/llama_cpp_python-$VERSION.tar.gz"
-echo "$SHA  $TARBALL" | sha256sum --check --quiet
+fetch_sdist "$OUT/src"
 tar -xzf "$TARBALL" -C "$OUT/src"
 LLAMA_SRC="$OUT/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
 
