@@ -1,8 +1,9 @@
 """The ASGI application of the HTTP API (Starlette): routes, authentication, body limits, errors.
 
-Routes (docs/openai.md):
+Routes (docs/openai.md, docs/http-apis.md):
 
 * ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed or not;
+* ``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/messages/count_tokens``;
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model;
 * the batch API (``service.http.batches``);
 * ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
@@ -24,8 +25,8 @@ the error's ``code`` and the ``inference-unavailable-reason`` header);
 ``/v1/models`` needs ``MODEL``; files and batch reads ``STORE`` (always
 answered). ``/health`` answers 200 while work is taken, else 503 with the
 reason; ``/metrics`` is answered once the engine runs.
-Every failure is the dialect's error object; an unexpected exception is a
-500 for that request only.
+Every failure is the dialect's error object (OpenAI's; Anthropic's under
+``/v1/messages``); an unexpected exception is a 500 for that request only.
 
 Every generating route runs the same way (``_generate``): authenticate, check
 readiness, read the body and parse it off the event loop, run it through the
@@ -52,6 +53,7 @@ from starlette.routing import Route
 from service.api.intake import Intake
 from service.api.readiness import Need
 from service.http.answer import Answer, event_error
+from service.http.anthropic_stream import MessagesDialect
 from service.http.config import HttpConfig
 from service.http.dialect import Dialect, OpenAIDialect, check_model, error_response
 from service.http.errors import ApiError, from_status
@@ -75,6 +77,7 @@ class HttpApi:
         self.created = int(time.time())
         name = config.model_name
         self.chat_dialect, self.completion_dialect = OpenAIDialect(True, name), OpenAIDialect(False, name)
+        self.messages_dialect = MessagesDialect(name, intake)
 
     # -- shared checks ------------------------------------------------------------------------
     def authorize(self, request: Request, role: str = "user") -> str:
@@ -122,6 +125,15 @@ class HttpApi:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, self.completion_dialect)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._generate(request, self.messages_dialect)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count of a Messages body (the prompt as Generate would tokenize it)."""
+        self.admit(request, Need.MODEL)
+        body = await self.body(request, self.config.max_body_bytes)
+        return JSONResponse(await self.intake.offload(self.messages_dialect.count_tokens, body))
 
     async def _generate(self, request: Request, dialect: Dialect) -> Response:
         self.admit(request, Need.WORK)
@@ -182,6 +194,8 @@ class HttpApi:
         return [
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),

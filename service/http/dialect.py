@@ -15,6 +15,7 @@ Anthropic Messages and OpenAI Responses APIs:
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +24,8 @@ from inference.v1 import inference_pb2 as pb
 from starlette.responses import Response
 
 from service.http.answer import Answer
+from service.http.anthropic_errors import PATH as MESSAGES_PATH
+from service.http.anthropic_errors import anthropic_response
 from service.http.body import parse_json
 from service.http.errors import ApiError
 from service.http.render import Json
@@ -44,6 +47,12 @@ class Dialect(Protocol):
     def events(self, answer: Answer, first: pb.GenerateResponse, run: Run, parsed: Parsed) -> AsyncIterator[Any]: ...
 
 
+def typed_event(payload: Json) -> bytes:
+    """One event of the Anthropic and Responses streams: ``event: <its type>`` and its ``data`` line."""
+    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {payload['type']}\ndata: {data}\n\n".encode()
+
+
 def check_model(name: Any, served: str) -> None:
     """ApiError 404 ``model_not_found`` unless ``name`` is the served model's id."""
     if name != served:
@@ -52,7 +61,9 @@ def check_model(name: Any, served: str) -> None:
 
 
 def error_response(path: str, exc: ApiError) -> Response:
-    """``exc`` in the error shape of the dialect that serves ``path`` (OpenAI's for all so far)."""
+    """``exc`` in the error shape of the dialect that serves ``path`` (OpenAI's unless it is Anthropic's)."""
+    if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/"):
+        return anthropic_response(exc)
     return exc.response()
 
 
