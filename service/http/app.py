@@ -4,6 +4,7 @@ Routes (docs/openai.md, docs/http-apis.md):
 
 * ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed or not;
 * ``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/messages/count_tokens``;
+* ``POST /v1/responses`` (OpenAI Responses, stateless);
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model;
 * the batch API (``service.http.batches``);
 * ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
@@ -58,6 +59,7 @@ from service.http.config import HttpConfig
 from service.http.dialect import Dialect, OpenAIDialect, check_model, error_response
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
+from service.http.responses_stream import ResponsesDialect
 from service.http.run import Run, watch_disconnect
 from service.http.sse import EventStream
 from service.request.errors import Unavailable
@@ -78,6 +80,7 @@ class HttpApi:
         name = config.model_name
         self.chat_dialect, self.completion_dialect = OpenAIDialect(True, name), OpenAIDialect(False, name)
         self.messages_dialect = MessagesDialect(name, intake)
+        self.responses_dialect = ResponsesDialect(name)
 
     # -- shared checks ------------------------------------------------------------------------
     def authorize(self, request: Request, role: str = "user") -> str:
@@ -128,6 +131,9 @@ class HttpApi:
 
     async def messages(self, request: Request) -> Response:
         return await self._generate(request, self.messages_dialect)
+
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(request, self.responses_dialect)
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count of a Messages body (the prompt as Generate would tokenize it)."""
@@ -196,6 +202,7 @@ class HttpApi:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
