@@ -1,18 +1,25 @@
 """Anthropic Messages bodies -> the shared chat request: turns, tools, sampling, formats; every bad field a 400
-naming it; Anthropic's error shape and statuses."""
+naming it; Anthropic's error shape and statuses (also from a front end whose model is still loading)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import httpx2
 import pytest
 from inference.v1 import inference_pb2 as pb
 
+from service.api.cache_front import CacheFront
+from service.api.intake import Intake
 from service.http.anthropic_errors import anthropic_response
 from service.http.anthropic_messages import count_turns, parse_messages
+from service.http.config import HttpConfig
 from service.http.errors import ApiError, from_status
 from service.http.requests import Parsed, parse_chat
+from service.http.server import HttpFrontEnd
+from service.observability.telemetry import Telemetry
+from service.security.tenancy import Tenancy
 
 USER = [{"role": "user", "content": "Weather in Oslo?"}]
 WEATHER = {"name": "get_weather", "description": "weather of a city",
@@ -143,3 +150,21 @@ def test_a_streamed_body_is_the_same_request_with_stream_set() -> None:
     a, b = parse(), parse(stream=True)
     assert a.request == b.request and (a.output.stream, b.output.stream) == (False, True)
     assert isinstance(a.request, pb.GenerateRequest)
+
+
+async def test_while_loading_each_dialect_refuses_503_in_its_own_shape() -> None:
+    intake = Intake(Telemetry(), Tenancy(), CacheFront(None))  # never attached: "loading"
+    front = HttpFrontEnd(HttpConfig(host="127.0.0.1", port=0, model_name="m"), intake, Tenancy())
+    port = await front.start()
+    try:
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            for path in ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses"):
+                r = await http.post(path, json={"model": "m", "max_tokens": 4, "messages": USER})
+                assert r.status_code == 503 and r.headers["retry-after"] == "1", path
+                assert r.headers["inference-unavailable-reason"] == "loading"
+                anthropic = path.startswith("/v1/messages")
+                kind = r.json()["error"]["type"]
+                assert kind == ("overloaded_error" if anthropic else "service_unavailable_error")
+                assert (r.json().get("type") == "error") is anthropic
+    finally:
+        await front.stop()
