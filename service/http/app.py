@@ -1,15 +1,19 @@
 """The ASGI application of the HTTP API (Starlette): routes, authentication, body limits, errors.
 
-Routes (docs/openai.md):
+Routes (docs/openai.md, docs/http-apis.md):
 
 * ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed or not;
+* ``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/messages/count_tokens``;
+* ``POST /v1/responses`` (OpenAI Responses, stateless);
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model;
 * the batch API (``service.http.batches``);
 * ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
   (Prometheus text: today's ``inference_*`` series and the vLLM-named ones).
 
 Every request is authenticated like a gRPC call (the tenants file in force,
-bearer tokens compared in constant time; ``open_http_paths`` need none) and
+bearer tokens compared in constant time; ``open_http_paths`` need none; the
+token comes from ``Authorization: Bearer`` or, as Anthropic clients send it,
+``x-api-key``) and
 runs with ``CURRENT_TENANT`` and ``CURRENT_CREDENTIAL`` set, so the intake
 stamps its tenant on what it prepares and a running request is checked again
 as a Generate stream's are (a revoked token ends it UNAUTHENTICATED: a 401, or
@@ -22,8 +26,15 @@ the error's ``code`` and the ``inference-unavailable-reason`` header);
 ``/v1/models`` needs ``MODEL``; files and batch reads ``STORE`` (always
 answered). ``/health`` answers 200 while work is taken, else 503 with the
 reason; ``/metrics`` is answered once the engine runs.
-Every failure is OpenAI's error object; an unexpected exception is a 500
-``server_error`` for that request only.
+Every failure is the dialect's error object (OpenAI's; Anthropic's under
+``/v1/messages``); an unexpected exception is a 500 for that request only.
+
+Every generating route runs the same way (``_generate``): authenticate, check
+readiness, read the body and parse it off the event loop, run it through the
+lifecycle as one ``Run``, watch for a disconnect, commit the status line at
+the first event (a refusal before any token is still a 4xx/5xx). A
+``service.http.dialect.Dialect`` says only what differs: its body parser and
+how the events become its answer.
 """
 
 from __future__ import annotations
@@ -43,11 +54,12 @@ from starlette.routing import Route
 from service.api.intake import Intake
 from service.api.readiness import Need
 from service.http.answer import Answer, event_error
-from service.http.body import parse_json
+from service.http.anthropic_stream import MessagesDialect
 from service.http.config import HttpConfig
+from service.http.dialect import Dialect, OpenAIDialect, check_model, error_response
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
-from service.http.requests import Parsed, parse_chat, parse_completion
+from service.http.responses_stream import ResponsesDialect
 from service.http.run import Run, watch_disconnect
 from service.http.sse import EventStream
 from service.request.errors import Unavailable
@@ -65,12 +77,17 @@ class HttpApi:
         self.config, self.intake, self.tenancy = config, intake, tenancy
         self.metrics: Any = None
         self.created = int(time.time())
+        name = config.model_name
+        self.chat_dialect, self.completion_dialect = OpenAIDialect(True, name), OpenAIDialect(False, name)
+        self.messages_dialect = MessagesDialect(name, intake)
+        self.responses_dialect = ResponsesDialect(name)
 
     # -- shared checks ------------------------------------------------------------------------
     def authorize(self, request: Request, role: str = "user") -> str:
         """Authenticate the call against the tenants file in force and make its tenant and credential
         current; raises ApiError 401/403."""
-        token = bearer_token([("authorization", request.headers.get("authorization", ""))])
+        token = bearer_token([("authorization", request.headers.get("authorization", ""))]) \
+            or request.headers.get("x-api-key") or None
         verdict = self.tenancy.http_tenant(request.url.path, token, role)
         if isinstance(verdict, tuple):
             raise from_status(*verdict)
@@ -103,29 +120,39 @@ class HttpApi:
         return b"".join(chunks)
 
     def model(self, name: Any) -> None:
-        if name != self.config.model_name:
-            raise ApiError(404, f"The model {name!r} does not exist (this server serves {self.config.model_name!r})",
-                           param="model", code="model_not_found")
+        check_model(name, self.config.model_name)
 
     # -- generation -----------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
-        return await self._generate(request, chat=True)
+        return await self._generate(request, self.chat_dialect)
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, chat=False)
+        return await self._generate(request, self.completion_dialect)
 
-    async def _generate(self, request: Request, chat: bool) -> Response:
+    async def messages(self, request: Request) -> Response:
+        return await self._generate(request, self.messages_dialect)
+
+    async def responses(self, request: Request) -> Response:
+        return await self._generate(request, self.responses_dialect)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count of a Messages body (the prompt as Generate would tokenize it)."""
+        self.admit(request, Need.MODEL)
+        body = await self.body(request, self.config.max_body_bytes)
+        return JSONResponse(await self.intake.offload(self.messages_dialect.count_tokens, body))
+
+    async def _generate(self, request: Request, dialect: Dialect) -> Response:
         self.admit(request, Need.WORK)
         body = await self.body(request, self.config.max_body_bytes)
         # NOTE: parsing grows with the body (100,000 messages: a second): never on the event loop.
-        parsed = await self.intake.offload(self._parse, body, chat, request.headers.get("x-priority"))
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        parsed = await self.intake.offload(dialect.parse, body, request.headers.get("x-priority"))
+        rid = dialect.prefix + uuid.uuid4().hex
         run = Run(self.intake, self.config.stream, rid, parsed.request)
         watcher: asyncio.Task[None] | None = watch_disconnect(request.receive, run)
         answer = Answer(Choices(parsed.output, rid), self.intake.grammar)
         try:
             if not parsed.output.stream:
-                result = await answer.complete(run)
+                result = await dialect.complete(answer, run, parsed)
                 return JSONResponse(result) if result is not None else Response(status_code=499)
             first = await run.next()  # NOTE: the status line waits for the first event (a refusal is a 4xx)
             if first is None:
@@ -133,20 +160,14 @@ class HttpApi:
             if first.WhichOneof("event") == "error":
                 raise event_error(first.error)
             assert watcher is not None
-            response = EventStream(answer.stream(first, run), run, watcher)
+            events = dialect.events(answer, first, run, parsed)
+            response = EventStream(events, run, watcher, dialect.frame, dialect.trailer)
             watcher = None  # the response owns the watcher and the run now
             return response
         finally:
             if watcher is not None:
                 watcher.cancel()
                 run.abort()
-
-    def _parse(self, body: bytes, chat: bool, priority: str | None) -> Parsed:
-        """Worker thread: the body as the request to run (raises ApiError 400/404)."""
-        raw = parse_json(body)
-        parsed = (parse_chat if chat else parse_completion)(raw, self.config.model_name, priority)
-        self.model(raw.get("model"))
-        return parsed
 
     # -- models, health, metrics ---------------------------------------------------------------
     def _model_object(self) -> dict[str, Any]:
@@ -179,6 +200,9 @@ class HttpApi:
         return [
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.model_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -186,30 +210,30 @@ class HttpApi:
         ]
 
 
-async def _api_error(_request: Request, exc: Exception) -> Response:
+async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return error_response(request.url.path, exc)
 
 
-async def _http_error(_request: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
-    return ApiError(exc.status_code, message).response()
+    return error_response(request.url.path, ApiError(exc.status_code, message))
 
 
-async def _unavailable(_request: Request, exc: Exception) -> Response:
+async def _unavailable(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Unavailable)
     log.info("HTTP request answered 503: %s", exc)  # NOTE: the detail (hosts, driver errors) stays in the log
-    return from_status("UNAVAILABLE", exc.public_message).response()
+    return error_response(request.url.path, from_status("UNAVAILABLE", exc.public_message))
 
 
-async def _crash(_request: Request, exc: Exception) -> Response:
+async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("HTTP request failed", exc_info=exc)
-    return ApiError(500, f"internal error: {type(exc).__name__}", type="server_error").response()
+    return error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
 
 
 def make_app(routes: list[Route]) -> Starlette:
-    """The Starlette application over ``routes`` with OpenAI-shaped errors."""
+    """The Starlette application over ``routes`` with each dialect's error shape."""
     handlers: dict[Any, Any] = {
         ApiError: _api_error, HTTPException: _http_error, Unavailable: _unavailable, Exception: _crash
     }

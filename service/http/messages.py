@@ -8,19 +8,18 @@
   (the chat template has no tool roles; see ``service.http.tools``);
 * ``name`` is accepted and ignored.
 
-With tools, their description is put in the first system turn (one is added
-at the start if there is none).
+With tools, their description is put in the first system turn by the request
+builder all dialects share (``service.http.chat_request``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
 from service.http.errors import bad_param
-from service.http.tools import CALL_CLOSE, CALL_OPEN
+from service.http.tools import call_text, result_text
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
 KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
@@ -49,11 +48,7 @@ def _tool_call_text(calls: Any, where: str) -> str:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
             raise bad_param(f"{where}.tool_calls[{j}]", "a tool call needs function.name and function.arguments")
-        try:
-            args = json.loads(fn["arguments"])
-        except ValueError:
-            args = fn["arguments"]
-        out.append(f"{CALL_OPEN}{json.dumps({'name': fn['name'], 'arguments': args})}{CALL_CLOSE}")
+        out.append(call_text(fn["name"], fn["arguments"]))
     return "\n".join(out)
 
 
@@ -71,18 +66,12 @@ def _message(i: int, m: Any) -> pb.ChatMessage:
     if calls:
         text = "\n".join(t for t in (text, _tool_call_text(calls, where)) if t)
     if role == "tool":
-        text = f"<tool_response>\n{text}\n</tool_response>"
+        text = result_text(text)
     return pb.ChatMessage(role=ROLES[role], content=text)
 
 
-def chat_messages(raw: Any, tools_text: str | None) -> list[pb.ChatMessage]:
-    """The request's turns (with the tools' description in the system turn); 400 for a bad message."""
+def chat_messages(raw: Any) -> list[pb.ChatMessage]:
+    """The request's turns; 400 for a bad message."""
     if not isinstance(raw, list) or not raw:
         raise bad_param("messages", "messages must be a non-empty array")
-    out = [_message(i, m) for i, m in enumerate(raw)]
-    if tools_text:
-        if out[0].role == "system":
-            out[0] = pb.ChatMessage(role="system", content=f"{out[0].content}\n\n{tools_text}")
-        else:
-            out.insert(0, pb.ChatMessage(role="system", content=tools_text))
-    return out
+    return [_message(i, m) for i, m in enumerate(raw)]

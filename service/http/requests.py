@@ -9,13 +9,13 @@ schema to validate the final document against, and the echoed prompt.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 
 from service.http import sampling
 from service.http.body import Body, JsonObject
+from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
 from service.http.errors import bad_param
 from service.http.messages import chat_messages
 from service.http.tools import ToolPlan, plan_tools
@@ -57,14 +57,14 @@ def _refuse(raw: JsonObject) -> None:
             raise bad_param(name, f"{name} is not supported by this server: {why}")
 
 
-def _response_format(body: Body) -> tuple[pb.ResponseFormat | None, str | None]:
-    """The constraint of ``response_format`` and the schema to validate against."""
+def _response_format(body: Body) -> Format | None:
+    """The JSON format of ``response_format`` (None: text)."""
     rf = body.obj("response_format", ("type", "json_schema"))
     if rf is None or rf.str_("type") == "text":
-        return None, None
+        return None
     kind = rf.str_("type", required=True)
     if kind == "json_object":
-        return pb.ResponseFormat(json_schema='{"type": "object"}'), '{"type": "object"}'
+        return JSON_OBJECT
     if kind != "json_schema":
         raise bad_param("response_format.type", "response_format.type must be text, json_object or json_schema")
     spec = rf.obj("json_schema", ("name", "description", "schema", "strict"))
@@ -73,13 +73,7 @@ def _response_format(body: Body) -> tuple[pb.ResponseFormat | None, str | None]:
     spec.str_("name", required=True)
     spec.str_("description")
     spec.bool_("strict")  # NOTE: strict or not, the output is always constrained and validated
-    schema = spec.get("schema")
-    if schema is None:
-        schema = {}
-    if not isinstance(schema, dict):
-        raise bad_param("response_format.json_schema.schema", "schema must be a JSON Schema object")
-    source = json.dumps(schema)
-    return pb.ResponseFormat(json_schema=source), source
+    return json_schema(spec.get("schema"), "response_format.json_schema.schema")
 
 
 def _chat_logprobs(body: Body) -> int | None:
@@ -98,19 +92,12 @@ def parse_chat(raw: JsonObject, model: str, priority_header: str | None) -> Pars
     if (mods := body.get("modalities")) is not None and mods != ["text"]:
         raise bad_param("modalities", "only the text modality is supported")
     plan = plan_tools(body.list_("tools"), body.get("tool_choice"))
-    rf, schema = _response_format(body)
-    if plan is not None and rf is not None:
-        raise bad_param("response_format", "response_format cannot be combined with tools")
-    messages = chat_messages(body.get("messages"), plan.system_text if plan else None)
+    fmt = _response_format(body)
+    messages = chat_messages(body.get("messages"))
     top = _chat_logprobs(body)
     sp = sampling.sampling_params(body, sampling.max_tokens(body, None))
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
-    req = pb.GenerateRequest(messages=messages, sampling=sp, priority=sampling.priority(body, priority_header))
-    if plan is not None:
-        req.response_format.CopyFrom(pb.ResponseFormat(**{plan.fmt[0]: plan.fmt[1]}))
-        schema = plan.fmt[1] if plan.fmt[0] == "json_schema" else None
-    elif rf is not None:
-        req.response_format.CopyFrom(rf)
+    req, schema = chat_request(messages, sp, sampling.priority(body, priority_header), plan, fmt)
     s = sampling.streaming(body)
     return Parsed(req, Output(True, model, s.stream, s.include_usage, top, schema, plan))
 

@@ -24,6 +24,7 @@ described in the system turn, earlier calls are rendered as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -50,23 +51,36 @@ class ToolPlan:
     named: str = ""  # the function of mode "named"
 
 
-def _function(i: int, tool: Any) -> tuple[str, dict[str, Any], str]:
+@dataclass(frozen=True)
+class Function:
+    """One function tool, whatever the dialect that described it."""
+
+    name: str
+    parameters: dict[str, Any]
+    description: str = ""
+
+
+def function(name: Any, params: Any, desc: Any, where_name: str, where_params: str) -> Function:
+    """A checked ``Function``; ``where_*`` are the dialect's parameter names for the 400 naming a bad one."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise bad_param(where_name, "function names are 1-64 characters of a-z, A-Z, 0-9, _ and -")
+    params = EMPTY_PARAMS if params is None else params
+    if not isinstance(params, dict):
+        raise bad_param(where_params, "parameters must be a JSON Schema object")
+    try:
+        jsonschema.Draft202012Validator.check_schema(params)
+    except jsonschema.SchemaError as exc:
+        raise bad_param(where_params, f"parameters is not a valid JSON Schema: {exc.message}") from None
+    return Function(name, params, desc if isinstance(desc, str) else "")
+
+
+def _function(i: int, tool: Any) -> Function:
     where = f"tools[{i}]"
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise bad_param(where, f"{where} must be {{'type': 'function', 'function': {{...}}}} (only function tools)")
     fn = tool["function"]
-    name = fn.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise bad_param(f"{where}.function.name", "function names are 1-64 characters of a-z, A-Z, 0-9, _ and -")
-    params = fn.get("parameters", EMPTY_PARAMS)
-    if not isinstance(params, dict):
-        raise bad_param(f"{where}.function.parameters", "parameters must be a JSON Schema object")
-    try:
-        jsonschema.Draft202012Validator.check_schema(params)
-    except jsonschema.SchemaError as exc:
-        raise bad_param(f"{where}.function.parameters", f"parameters is not a valid JSON Schema: {exc.message}") from None
-    desc = fn.get("description", "")
-    return name, params, desc if isinstance(desc, str) else ""
+    return function(fn.get("name"), fn.get("parameters"), fn.get("description"), f"{where}.function.name",
+                    f"{where}.function.parameters")
 
 
 def _call_schema(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -78,34 +92,39 @@ def _call_schema(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def _choice(choice: Any, names: list[str]) -> tuple[str, str]:
-    """(mode, named function) of ``tool_choice``."""
+def _choice(choice: Any) -> tuple[str, str]:
+    """(mode, named function) of a Chat Completions ``tool_choice``."""
     if choice is None or choice == "auto":
         return "auto", ""
     if choice in ("required", "none"):
         return choice, ""
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if name not in names:
-            raise bad_param("tool_choice", f"tool_choice names {name!r}, which is not one of the tools")
-        return "named", name
+        return "named", choice["function"].get("name")
     raise bad_param("tool_choice", "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', ...}")
 
 
 def plan_tools(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
-    """The plan of a request's ``tools``/``tool_choice``; None when no tool is offered."""
+    """The plan of a Chat Completions request's ``tools``/``tool_choice``; None when no tool is offered."""
     if not tools:
         if choice not in (None, "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
-    fns = [_function(i, t) for i, t in enumerate(tools)]
-    schemas = {name: params for name, params, _ in fns}
+    mode, named = _choice(choice)
+    return plan_functions([_function(i, t) for i, t in enumerate(tools)], mode, named)
+
+
+def plan_functions(fns: list[Function], mode: str, named: str = "") -> ToolPlan | None:
+    """The plan of checked functions under ``mode`` ("auto", "required", "named" with ``named``, "none"):
+    every dialect's tools end here. None for "none" (the tools are left out of the prompt)."""
+    schemas = {f.name: f.parameters for f in fns}
     if len(schemas) != len(fns):
         raise bad_param("tools", "function names must be unique")
-    mode, named = _choice(choice, list(schemas))
+    if mode == "named" and named not in schemas:
+        raise bad_param("tool_choice", f"tool_choice names {named!r}, which is not one of the tools")
     if mode == "none":
         return None
-    listing = "\n".join(json.dumps({"name": n, "description": d, "parameters": p}) for n, p, d in fns)
+    listing = "\n".join(json.dumps({"name": f.name, "description": f.description, "parameters": f.parameters})
+                        for f in fns)
     call = json.dumps(_call_schema(schemas))
     if mode == "named":
         fmt = ("json_schema", json.dumps(schemas[named]))
@@ -118,6 +137,19 @@ def plan_tools(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
         last = f'To call a function, answer only {CALL_OPEN}{{"name": ..., "arguments": {{...}}}}{CALL_CLOSE}.'
     text = f"You can call these functions (JSON Schema of the arguments of each):\n<tools>\n{listing}\n</tools>\n{last}"
     return ToolPlan(mode, schemas, fmt, text, named)
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """An earlier call as the assistant text the model would have written (``arguments``: JSON text or a value)."""
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):  # NOTE: else kept as the string it was (history is not re-validated)
+            arguments = json.loads(arguments)
+    return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
+
+
+def result_text(text: str) -> str:
+    """A tool's result as the user-turn text the model reads."""
+    return f"<tool_response>\n{text}\n</tool_response>"
 
 
 def _call(name: str, arguments: Any) -> dict[str, Any]:

@@ -1,0 +1,238 @@
+"""OpenAI Responses bodies (stateless) -> the chat request every dialect shares (``service.http.chat_request``).
+
+``POST /v1/responses`` (docs/http-apis.md):
+
+* ``input``: a string (one user turn) or input items: messages (roles
+  ``system``, ``developer``, ``user``, ``assistant``; content a string or
+  ``input_text`` / ``output_text`` / ``refusal`` parts), ``function_call`` (the
+  assistant's earlier call, rendered as the chat route renders ``tool_calls``)
+  and ``function_call_output`` (a ``<tool_response>`` user turn); ``reasoning``
+  items are dropped (this server returns none). Images, files and audio, item
+  references and hosted tools' items are a 400 naming the item. Fields of an
+  item the server does not need (``id``, ``status``, annotations) are ignored,
+  so an earlier response's output can be sent back as it came;
+* ``instructions`` (a system turn first), ``tools`` (function tools; hosted
+  tools are a 400 naming their type), ``tool_choice``, ``text.format``
+  (``text``, ``json_object``, ``json_schema``), ``max_output_tokens``,
+  ``temperature``, ``top_p``, ``service_tier``, ``stream``, and the extension
+  ``ignore_eos`` (as the chat route takes it);
+* stateless: nothing is stored. ``store`` unset or false is served (the SDKs
+  send it only when it is set); ``store: true``, ``previous_response_id``,
+  ``conversation``, ``background: true`` and stored ``prompt``s are a 400;
+* accepted and ignored: ``reasoning`` (no reasoning is separated yet),
+  ``parallel_tool_calls`` and ``max_tool_calls`` (one call per answer),
+  ``metadata`` and ``user`` (echoed), ``safety_identifier``, ``prompt_cache_key``,
+  ``prompt_cache_retention`` (prefix caching is automatic), ``truncation``
+  (nothing is truncated: an input over the context is a 400), ``include``
+  (``reasoning.encrypted_content`` only: there is none), ``top_logprobs`` 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.v1 import inference_pb2 as pb
+
+from service.http import sampling
+from service.http.body import Body, JsonObject
+from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
+from service.http.errors import bad_param
+from service.http.render import Json
+from service.http.requests import Output, Parsed
+from service.http.tools import ToolPlan, call_text, function, plan_functions, result_text
+
+IGNORED = ("reasoning", "parallel_tool_calls", "max_tool_calls", "metadata", "user", "safety_identifier",
+           "prompt_cache_key", "prompt_cache_retention", "truncation", "include", "top_logprobs", "stream_options")
+REFUSED = {"previous_response_id": "this server is stateless: send the whole conversation as input",
+           "conversation": "this server is stateless: send the whole conversation as input",
+           "prompt": "stored prompts are not supported", "context_management": "not supported"}
+KNOWN = ("model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "temperature",
+         "top_p", "store", "stream", "service_tier", "background", "ignore_eos", *IGNORED, *REFUSED)
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
+
+
+@dataclass(frozen=True)
+class ResponsesParsed(Parsed):
+    """The request, and the parameters the ``response`` object echoes."""
+
+    echo: Json = field(default_factory=dict)
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_param(f"{where}.content", f"{where}.content must be a string or an array of content parts")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        if key is None or not isinstance(part.get(key), str):
+            raise bad_param(f"{where}.content[{j}]", f"{where}.content[{j}]: only text parts are supported by this "
+                                                     f"server (a text-only model), got {kind!r}")
+        out.append(part[key])
+    return "".join(out)
+
+
+def _item(i: int, item: Any) -> pb.ChatMessage | None:
+    """One input item as a turn (None: dropped)."""
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise bad_param(where, f"{where} must be an object")
+    kind = item.get("type", "message")
+    if kind == "message":
+        if item.get("role") not in ROLES:
+            raise bad_param(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}")
+        return pb.ChatMessage(role=ROLES[item["role"]], content=_content(item.get("content"), where))
+    if kind == "function_call":
+        if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
+            raise bad_param(where, f"{where}: a function_call needs name and arguments (strings)")
+        return pb.ChatMessage(role="assistant", content=call_text(item["name"], item["arguments"]))
+    if kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else _content(output, where + ".output")
+        return pb.ChatMessage(role="user", content=result_text(text))
+    if kind == "reasoning":
+        return None  # NOTE: this server never returns reasoning items; another model's are not its context
+    if kind == "item_reference":
+        raise bad_param(where, f"{where}: item references need stored items; this server is stateless")
+    raise bad_param(f"{where}.type", f"{where}: input items of type {kind!r} are not supported by this server")
+
+
+def _turns(body: Body) -> list[pb.ChatMessage]:
+    """``instructions`` and ``input`` as turns; an assistant item right after another joins its turn."""
+    raw = body.get("input")
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise bad_param("input", "'input' must be a string or a non-empty array of input items")
+    turns: list[pb.ChatMessage] = []
+    if instructions := body.str_("instructions"):
+        turns.append(pb.ChatMessage(role="system", content=instructions))
+    for i, item in enumerate(raw):
+        turn = _item(i, item)
+        if turn is None:
+            continue
+        if turn.role == "assistant" and turns and turns[-1].role == "assistant":
+            turns[-1] = pb.ChatMessage(role="assistant", content="\n".join(
+                t for t in (turns[-1].content, turn.content) if t))
+        else:
+            turns.append(turn)
+    return turns
+
+
+def _tool(i: int, tool: Any) -> Any:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise bad_param(where, f"{where} must be an object")
+    if tool.get("type") != "function":
+        raise bad_param(f"{where}.type", f"tool type {tool.get('type')!r} is not supported by this server: only "
+                                         "function tools")
+    Body(tool, ("type", "name", "description", "parameters", "strict"), where + ".")
+    return function(tool.get("name"), tool.get("parameters"), tool.get("description"), f"{where}.name",
+                    f"{where}.parameters")
+
+
+def _choice(choice: Any) -> tuple[str, str]:
+    """(mode, named function) of ``tool_choice``."""
+    if choice is None or choice in ("auto", "required", "none"):
+        return choice or "auto", ""
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return "named", choice["name"]
+    raise bad_param("tool_choice", "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', "
+                                   "'name': ...} (hosted tools and allowed_tools are not supported)")
+
+
+def _tools(body: Body) -> ToolPlan | None:
+    tools = body.list_("tools") or []
+    mode, named = _choice(body.get("tool_choice"))
+    if not tools:
+        if mode not in ("auto", "none"):
+            raise bad_param("tool_choice", "tool_choice needs tools")
+        return None
+    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], mode, named)
+
+
+def _format(body: Body) -> Format | None:
+    text = body.obj("text", ("format", "verbosity"))
+    if text is None:
+        return None
+    if text.has("verbosity"):
+        raise bad_param("text.verbosity", "text.verbosity is not supported by this server")
+    fmt = text.obj("format", ("type", "name", "schema", "description", "strict"))
+    kind = fmt.str_("type", required=True) if fmt is not None else "text"
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind != "json_schema":
+        raise bad_param("text.format.type", "text.format.type must be text, json_object or json_schema")
+    fmt.str_("name", required=True)
+    fmt.str_("description")
+    fmt.bool_("strict")  # NOTE: strict or not, the output is always constrained and validated
+    return json_schema(fmt.get("schema"), "text.format.schema")
+
+
+def _stateless(body: Body) -> None:
+    for name, why in REFUSED.items():
+        if body.has(name):
+            raise bad_param(name, f"{name} is not supported by this server: {why}")
+    if body.bool_("store"):
+        raise bad_param("store", "store: true is not supported: this server is stateless and keeps no responses "
+                                 "(leave store unset or false)")
+    if body.bool_("background"):
+        raise bad_param("background", "background responses are not supported by this server")
+
+
+def _ignored(body: Body, stream: bool) -> None:
+    """The accepted-and-ignored parameters, type-checked."""
+    reasoning = body.obj("reasoning", ("effort", "summary", "generate_summary"))
+    if reasoning is not None:
+        reasoning.str_("effort"), reasoning.str_("summary"), reasoning.str_("generate_summary")
+    body.bool_("parallel_tool_calls")
+    body.int_("max_tool_calls", 1, 1 << 30)
+    if (metadata := body.get("metadata")) is not None and not isinstance(metadata, dict):
+        raise bad_param("metadata", "'metadata' must be an object of strings")
+    for name in ("user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"):
+        body.str_(name)
+    if body.str_("truncation") not in (None, "auto", "disabled"):
+        raise bad_param("truncation", "truncation must be auto or disabled")
+    include = body.list_("include") or []
+    if any(x != "reasoning.encrypted_content" for x in include):
+        raise bad_param("include", "include: only reasoning.encrypted_content is accepted (there is none here)")
+    if body.int_("top_logprobs", 0, 20):
+        raise bad_param("top_logprobs", "top_logprobs is not supported by the Responses API here (use chat)")
+    options = body.obj("stream_options", ("include_obfuscation",))
+    if options is not None and not stream:
+        raise bad_param("stream_options", "stream_options is only allowed when stream is true")
+
+
+def _echo(raw: JsonObject, body: Body) -> Json:
+    """What the ``response`` object repeats of the request."""
+    fmt = (raw.get("text") or {}).get("format") or {"type": "text"}
+    return {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": body.get("metadata") or {}, "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "text": {"format": fmt},
+            "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+            "truncation": body.get("truncation") or "disabled", "user": body.get("user")}
+
+
+def parse_responses(raw: JsonObject, model: str, priority_header: str | None) -> ResponsesParsed:
+    """A ``POST /v1/responses`` body; raises ApiError 400 naming the first bad parameter."""
+    body = Body(raw, KNOWN)
+    body.str_("model", required=True)
+    _stateless(body)
+    stream = bool(body.bool_("stream"))
+    _ignored(body, stream)
+    turns, plan = _turns(body), _tools(body)
+    same = {"temperature": body.num("temperature", 0.0, 2.0), "top_p": body.num("top_p", 0.0, 1.0),
+            "max_tokens": body.int_("max_output_tokens", 1, 1 << 30), "service_tier": body.str_("service_tier"),
+            "ignore_eos": body.bool_("ignore_eos")}
+    shared = Body(same, sampling.SHARED)
+    sp = sampling.sampling_params(shared, sampling.max_tokens(shared, None))
+    req, schema = chat_request(turns, sp, sampling.priority(shared, priority_header), plan, _format(body),
+                               "text.format")
+    return ResponsesParsed(req, Output(True, model, stream, schema=schema, tools=plan), _echo(raw, body))
