@@ -144,7 +144,7 @@ class HttpApi:
     def _parse(self, body: bytes, chat: bool, priority: str | None) -> Parsed:
         """Worker thread: the body as the request to run (raises ApiError 400/404)."""
         raw = parse_json(body)
-        parsed = (parse_chat if chat else parse_completion)(raw, self.config.model_name, priority)
+        parsed = (parse_chat if chat else parse_completion)(raw, self.config.model_name, priority, self.config.limits)
         self.model(raw.get("model"))
         return parsed
 

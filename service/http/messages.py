@@ -19,6 +19,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import InputLimits
 from service.http.errors import bad_param
 from service.http.tools import CALL_CLOSE, CALL_OPEN
 
@@ -75,10 +76,13 @@ def _message(i: int, m: Any) -> pb.ChatMessage:
     return pb.ChatMessage(role=ROLES[role], content=text)
 
 
-def chat_messages(raw: Any, tools_text: str | None) -> list[pb.ChatMessage]:
-    """The request's turns (with the tools' description in the system turn); 400 for a bad message."""
+def chat_messages(raw: Any, tools_text: str | None, limits: InputLimits) -> list[pb.ChatMessage]:
+    """The request's turns (with the tools' description in the system turn); 400 for a bad message
+    or more than ``limits.max_messages`` of them (counted before any is converted)."""
     if not isinstance(raw, list) or not raw:
         raise bad_param("messages", "messages must be a non-empty array")
+    if problem := limits.messages(len(raw)):
+        raise bad_param("messages", problem)
     out = [_message(i, m) for i, m in enumerate(raw)]
     if tools_text:
         if out[0].role == "system":

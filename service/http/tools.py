@@ -32,6 +32,7 @@ from typing import Any
 
 import jsonschema
 
+from service.api.input_limits import InputLimits
 from service.http.errors import ApiError, bad_param
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -92,12 +93,17 @@ def _choice(choice: Any, names: list[str]) -> tuple[str, str]:
     raise bad_param("tool_choice", "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', ...}")
 
 
-def plan_tools(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
-    """The plan of a request's ``tools``/``tool_choice``; None when no tool is offered."""
+def plan_tools(tools: list[Any] | None, choice: Any, limits: InputLimits) -> ToolPlan | None:
+    """The plan of a request's ``tools``/``tool_choice``; None when no tool is offered.
+
+    More than ``limits.max_tools`` tools are refused before any schema is checked.
+    """
     if not tools:
         if choice not in (None, "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
+    if problem := limits.tools(len(tools)):
+        raise bad_param("tools", problem)
     fns = [_function(i, t) for i, t in enumerate(tools)]
     schemas = {name: params for name, params, _ in fns}
     if len(schemas) != len(fns):
