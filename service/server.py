@@ -157,6 +157,7 @@ class InferenceServer:
         limit = min(engine.kv.capacity_tokens, runner.n_ctx_train)
         json = JsonDefaults(config.json_finish == "close", config.json_repeat_penalty)
         builder = RequestBuilder(runner.vocab, template, PromptLimits(limit, input_limits(config)), json)
+        _ = builder.tokenizer  # NOTE: reads every token's attributes (~50 ms): at load, not in the first request
         engine.start()
         return engine, builder, grammar
 
