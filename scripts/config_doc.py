@@ -50,6 +50,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Scheduling and queues", ["scheduling", "aging_s", "queue_limit_interactive", "queue_limit_batch"]),
     ("Speculative decoding", ["speculative", "spec_tokens", "spec_max_running"]),
     ("Structured output", ["max_schema_bytes", "grammar_timeout_s", "json_finish", "json_repeat_penalty"]),
+    ("Request size limits", ["max_messages", "max_tools", "max_stop_strings", "max_logit_bias"]),
     (
         "Streams and connections",
         [

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from service.api.generate_stream import StreamLimits
+from service.api.input_limits import InputLimits
 from service.batch.open_store import parse_batch_db
 from service.batch.service import BatchConfig
 from service.config import ServerConfig
@@ -84,6 +85,11 @@ def stream_limits(config: ServerConfig) -> StreamLimits:
     return StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
 
 
+def input_limits(config: ServerConfig) -> InputLimits:
+    """The counts one request may carry: messages, tools, stop strings, logit_bias entries."""
+    return InputLimits(config.max_messages, config.max_tools, config.max_stop_strings, config.max_logit_bias)
+
+
 def batch_config(config: ServerConfig) -> BatchConfig:
     """The batch service's store, cap (default: half of ``--max-running``), replica id (default: the host
     name, i.e. the pod name in Kubernetes) and lease."""
@@ -126,6 +132,7 @@ def http_config(config: ServerConfig) -> HttpConfig | None:
         tls_key=config.tls_key,
         tls_client_ca=config.tls_client_ca,
         stream=stream_limits(config),
+        limits=input_limits(config),
         files_store=files_store,
         files_db=files_db,
         files_retention_s=config.batch_retention_hours * 3600,

@@ -41,6 +41,10 @@ class ServerConfig:
     queue_limit_batch: int = 1024
     grace_seconds: float = 10.0
     max_schema_bytes: int = 64_000
+    max_messages: int = 10_000
+    max_tools: int = 128
+    max_stop_strings: int = 16
+    max_logit_bias: int = 1024
     grammar_timeout_s: float = 5.0
     json_finish: str = "cut-off"
     json_repeat_penalty: float = 0.8
@@ -114,6 +118,12 @@ HELP = {
     "queue_limit_batch": "waiting batch requests before RESOURCE_EXHAUSTED",
     "grace_seconds": "on SIGTERM, time given to in-flight requests before they are cancelled",
     "max_schema_bytes": "largest JSON Schema / grammar accepted",
+    "max_messages": "most chat messages one request may carry (counted before the chat is rendered: "
+    "HTTP 400 naming messages, gRPC INVALID_ARGUMENT); raise it for long agent conversations on long contexts",
+    "max_tools": "most tools one chat completion may offer (OpenAI's documented maximum; counted before any "
+    "tool's schema is checked)",
+    "max_stop_strings": "most stop strings one request may carry",
+    "max_logit_bias": "most logit_bias entries one request may carry",
     "grammar_timeout_s": "longest grammar compilation accepted",
     "json_finish": "JSON output that would not end within max_tokens, when a request leaves "
     "SamplingParams.json_finish unset: cut-off (OUT_OF_RANGE / FINISH_REASON_LENGTH) or close "
@@ -255,6 +265,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--prefix-cache-tokens and --prefix-host-cache-mib must be >= 0"
     if c.threads < 1:
         return "--threads must be >= 1"
+    if min(c.max_messages, c.max_tools, c.max_stop_strings, c.max_logit_bias) < 1:
+        return "--max-messages, --max-tools, --max-stop-strings and --max-logit-bias must be >= 1"
     if c.step_timeout_s < 0 or c.stream_stall_timeout_s <= 0 or c.stream_backlog < 4:
         return "--step-timeout-s must be >= 0, --stream-stall-timeout-s > 0 and --stream-backlog >= 4"
     if min(c.max_connection_age_s, c.max_connection_age_grace_s, c.keepalive_time_s) < 0:

@@ -33,6 +33,7 @@ from service.assembly import (
     build_engine,
     cache_config,
     http_config,
+    input_limits,
     load_runner,
     served_model_name,
     stream_limits,
@@ -155,7 +156,8 @@ class InferenceServer:
         bind_model(self.response_cache, config.model, template.source)
         limit = min(engine.kv.capacity_tokens, runner.n_ctx_train)
         json = JsonDefaults(config.json_finish == "close", config.json_repeat_penalty)
-        builder = RequestBuilder(runner.vocab, template, PromptLimits(max_context=limit), json)
+        builder = RequestBuilder(runner.vocab, template, PromptLimits(limit, input_limits(config)), json)
+        _ = builder.tokenizer  # NOTE: reads every token's attributes (~50 ms): at load, not in the first request
         engine.start()
         return engine, builder, grammar
 

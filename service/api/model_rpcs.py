@@ -32,7 +32,6 @@ from service.api.request_builder import (
     DEFAULT_JSON_MAX_TOKENS,
     DEFAULT_MAX_TOKENS,
     MAX_CHOICES,
-    MAX_STOP_STRINGS,
     BadRequest,
     RequestBuilder,
 )
@@ -196,7 +195,7 @@ class ModelApi:
             context_size=self.builder.limits.max_context,
             default_max_tokens=DEFAULT_MAX_TOKENS,
             default_json_max_tokens=DEFAULT_JSON_MAX_TOKENS,
-            max_stop_strings=MAX_STOP_STRINGS,
+            max_stop_strings=self.builder.limits.inputs.max_stop_strings,
             max_top_logprobs=MAX_TOP_LOGPROBS,
             max_choices=MAX_CHOICES,
         )

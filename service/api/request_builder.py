@@ -9,24 +9,24 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import InputLimits
 from service.model.chat import ChatTemplate, ChatTemplateError
 from service.model.logprobs import MAX_TOP_LOGPROBS
+from service.model.prompt_tokens import PromptTokenizer, Rendered
 from service.model.runner import Vocab
 from service.request.errors import BadRequest
 from service.request.sequence import Priority, SamplingParams
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_JSON_MAX_TOKENS = 1024
-MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
 MAX_CHOICES = 16
 # Request ids are echoed on every event and kept per stream: bounded like any identifier.
 MAX_REQUEST_ID_BYTES = 256
-MAX_LOGIT_BIAS = 1024
 PENALTY_RANGE = 2.0  # frequency / presence penalties in -2 .. 2 (OpenAI's range)
 MAX_REPETITION_PENALTY = 10.0
 MAX_BIAS = 100.0
@@ -43,6 +43,7 @@ PRIORITIES: dict[int, Priority] = {
 @dataclass(frozen=True)
 class PromptLimits:
     max_context: int  # prompt + generated tokens one sequence may hold
+    inputs: InputLimits = field(default_factory=InputLimits)  # counts of messages, stop strings, logit_bias entries
 
 
 @dataclass(frozen=True)
@@ -69,17 +70,29 @@ class RequestBuilder:
             raise BadRequest(f"priority {value} is not a known Priority value (0, 1 or 2)")
         return PRIORITIES[value]
 
+    @functools.cached_property
+    def tokenizer(self) -> PromptTokenizer:
+        """Caller text as text, the template's markers as control tokens (``service.model.prompt_tokens``)."""
+        return PromptTokenizer(self.vocab, self.template)
+
     def prompt_ids(self, prompt: str, messages: list[pb.ChatMessage]) -> list[int]:
         """Token ids of the raw prompt or the rendered chat; exactly one must be given.
 
-        Sizes are checked before the work that grows with them: a prompt whose
-        text is too long for any tokenization to fit the context is refused
-        before it is rendered, and a rendered chat before it is tokenized.
+        Sizes are checked before the work that grows with them: the number of
+        messages and a prompt whose text is too long for any tokenization to
+        fit the context before anything is rendered, a rendered chat whose
+        control tokens and runs of text alone exceed the context before it is
+        tokenized. Caller text never becomes control tokens (docs/security.md).
         """
+        self._count(messages)
         self._fits(len(prompt) + sum(len(m.content) for m in messages))
-        text, add, parse = self.render(prompt, messages)
-        self._fits(len(text))
-        ids = self.vocab.tokenize(text, add_special=add, parse_special=parse)
+        if messages:
+            rendered = self._render(prompt, messages)
+            self._fits(len(rendered.text))
+            self._fits_parts(rendered)
+            ids = self.tokenizer.ids(rendered.parts, add_special=not self.tokenizer.starts_with_bos(rendered))
+        else:
+            ids = self.tokenizer.text_ids(self._raw(prompt), add_special=True, parse_special=False)
         if not ids:
             raise BadRequest("prompt is empty after tokenization")
         if len(ids) >= self.limits.max_context:
@@ -95,6 +108,10 @@ class RequestBuilder:
         v = self.vocab
         return max(len(v.piece(t, special=True)) for t in range(v.n_vocab))
 
+    def _count(self, messages: list[pb.ChatMessage]) -> None:
+        if problem := self.limits.inputs.messages(len(messages)):
+            raise BadRequest(problem)
+
     def _fits(self, chars: int) -> None:
         """Refuse text of ``chars`` characters that no tokenization can fit into the context.
 
@@ -109,28 +126,30 @@ class RequestBuilder:
                 "(prompt plus generated tokens)"
             )
 
-    def render(self, prompt: str, messages: list[pb.ChatMessage], field: str = "prompt") -> tuple[str, bool, bool]:
-        """The text Generate tokenizes (``prompt``, or the rendered chat), whether it gets BOS, and
-        whether special tokens are parsed in it.
+    def _fits_parts(self, rendered: Rendered) -> None:
+        """Refuse a rendered chat whose control tokens and runs of text (at least a token each) exceed the
+        context: a lower bound known before the tokenizer runs, so a chat of many short turns costs no
+        tokenizing."""
+        if len(rendered.parts) >= self.limits.max_context:
+            raise BadRequest(
+                f"prompt is at least {len(rendered.parts)} tokens (its chat markup alone); the context limit "
+                f"is {self.limits.max_context} tokens (prompt plus generated tokens)"
+            )
 
-        A raw prompt gets BOS (if the model wants one) and no special-token
-        parsing; a rendered chat parses special tokens and gets BOS unless the
-        template wrote it. ``field`` names the raw-text field in error messages
-        (Tokenize calls it ``text``).
-        """
-        if prompt and messages:
-            raise BadRequest(f"set either {field} or messages, not both")
-        if messages:
-            try:
-                text = self.template.render([(m.role, m.content) for m in messages])
-            except ChatTemplateError as exc:
-                raise BadRequest(str(exc)) from exc
-            # A template that writes BOS itself must not get a second one.
-            has_bos = bool(self.vocab.bos_text) and text.startswith(self.vocab.bos_text)
-            return text, not has_bos, True
+    def _render(self, prompt: str, messages: list[pb.ChatMessage], field: str = "prompt") -> Rendered:
+        """The chat rendered by the template (caller text escaped); set either ``field`` or messages."""
         if prompt:
-            return prompt, True, False
-        raise BadRequest(f"{field} is empty (set {field} or messages)")
+            raise BadRequest(f"set either {field} or messages, not both")
+        try:
+            return self.tokenizer.render([(m.role, m.content) for m in messages])
+        except ChatTemplateError as exc:
+            raise BadRequest(str(exc)) from exc
+
+    @staticmethod
+    def _raw(prompt: str, field: str = "prompt") -> str:
+        if not prompt:
+            raise BadRequest(f"{field} is empty (set {field} or messages)")
+        return prompt
 
     def render_tokens(
         self,
@@ -140,11 +159,23 @@ class RequestBuilder:
         parse_special: bool | None = None,
         field: str = "prompt",
     ) -> tuple[str, list[int]]:
-        """The text Generate tokenizes and its token ids (``render``); unset flags take Generate's choice."""
-        text, add, parse = self.render(prompt, messages, field)
-        add = add if add_special is None else add_special
-        parse = parse if parse_special is None else parse_special
-        return text, self.vocab.tokenize(text, add_special=add, parse_special=parse)
+        """The text Generate tokenizes and its token ids, as Generate does unless a flag says otherwise.
+
+        Generate's choice: a raw prompt gets BOS (if the model wants one) and no special-token
+        parsing; a chat gets BOS unless the template wrote it, and only the template's own markers
+        are control tokens. ``parse_special`` True parses every control token's text, message
+        content included; False parses none (the template's markers become text too).
+        """
+        self._count(messages)
+        if not messages:
+            text = self._raw(prompt, field)
+            add = True if add_special is None else add_special
+            return text, self.tokenizer.text_ids(text, add, bool(parse_special))
+        rendered = self._render(prompt, messages, field)
+        add = not self.tokenizer.starts_with_bos(rendered) if add_special is None else add_special
+        if parse_special is None:
+            return rendered.text, self.tokenizer.ids(rendered.parts, add)
+        return rendered.text, self.tokenizer.text_ids(rendered.text, add, parse_special)
 
     def sampling(
         self, sp: pb.SamplingParams, num_prompt: int, json_mode: bool = False, json_output: bool = False
@@ -176,14 +207,14 @@ class RequestBuilder:
             top_k=top_k,
             min_p=min_p,
             seed=sp.seed if sp.HasField("seed") else None,
-            stop=_stops(sp),
+            stop=_stops(sp, self.limits.inputs),
             ignore_eos=sp.ignore_eos,
             logprobs=sp.logprobs,
             top_logprobs=_top_logprobs(sp),
             n=_choices(sp),
             echo_prompt_logprobs=sp.echo_prompt_logprobs,
             **_penalties(sp),
-            logit_bias=_logit_bias(sp, self.vocab.n_vocab),
+            logit_bias=_logit_bias(sp, self.vocab.n_vocab, self.limits.inputs),
             json_finish=json_finish,
             json_repeat_penalty=repeat_penalty,
         )
@@ -254,10 +285,10 @@ def _penalties(sp: pb.SamplingParams) -> dict[str, float]:
     return out
 
 
-def _logit_bias(sp: pb.SamplingParams, n_vocab: int) -> tuple[tuple[int, float], ...]:
+def _logit_bias(sp: pb.SamplingParams, n_vocab: int, limits: InputLimits) -> tuple[tuple[int, float], ...]:
     """The logit_bias map as sorted (id, bias) pairs; ids in the vocabulary, biases in [-100, 100]."""
-    if len(sp.logit_bias) > MAX_LOGIT_BIAS:
-        raise BadRequest(f"logit_bias has {len(sp.logit_bias)} entries; at most {MAX_LOGIT_BIAS}")
+    if problem := limits.logit_bias(len(sp.logit_bias)):
+        raise BadRequest(problem)
     for token, bias in sp.logit_bias.items():
         if not 0 <= token < n_vocab:
             raise BadRequest(f"logit_bias token id {token} is outside the vocabulary (0..{n_vocab - 1})")
@@ -268,10 +299,10 @@ def _logit_bias(sp: pb.SamplingParams, n_vocab: int) -> tuple[tuple[int, float],
     return tuple(sorted((int(t), float(b)) for t, b in sp.logit_bias.items() if b != 0.0))
 
 
-def _stops(sp: pb.SamplingParams) -> tuple[str, ...]:
+def _stops(sp: pb.SamplingParams, limits: InputLimits) -> tuple[str, ...]:
+    if problem := limits.stop(len(sp.stop)):
+        raise BadRequest(problem)
     stops = tuple(sp.stop)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise BadRequest(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
     for s in stops:
         if not s or len(s.encode()) > MAX_STOP_BYTES:
             raise BadRequest(f"stop strings must be 1..{MAX_STOP_BYTES} bytes, got {len(s.encode())}")

@@ -32,12 +32,13 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
 from service.http.chat_request import Format, chat_request, json_schema, with_tools
 from service.http.errors import bad_param
 from service.http.requests import Output, Parsed
-from service.http.tools import ToolPlan, call_text, function, plan_functions, result_text
+from service.http.tools import ToolPlan, call_text, check_tool_count, function, plan_functions, result_text
 
 COUNT = ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "cache_control")
 CREATE = (*COUNT, "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "stream",
@@ -104,10 +105,12 @@ def _message(i: int, m: Any) -> pb.ChatMessage | None:
     return pb.ChatMessage(role=role, content=text) if text or not blocks else None
 
 
-def _turns(body: Body) -> list[pb.ChatMessage]:
+def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
     raw = body.list_("messages")
     if not raw:
         raise bad_param("messages", "'messages' must be a non-empty array")
+    if problem := limits.messages(len(raw)):
+        raise bad_param("messages", problem)
     turns = [t for i, m in enumerate(raw) if (t := _message(i, m)) is not None]
     if (system := body.get("system")) is not None and (text := _text_blocks(system, "system")):
         turns.insert(0, pb.ChatMessage(role="system", content=text))
@@ -128,8 +131,9 @@ def _tool(i: int, tool: Any) -> Any:
                     f"{where}.input_schema")
 
 
-def _tools(body: Body) -> ToolPlan | None:
+def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
     tools = body.list_("tools") or []
+    check_tool_count(len(tools), limits)
     choice = body.obj("tool_choice", ("type", "name", "disable_parallel_tool_use"))
     kind = choice.str_("type", required=True) if choice is not None else "auto"
     if kind not in CHOICES:
@@ -175,44 +179,46 @@ def _format(body: Body) -> Format | None:
     return json_schema(fmt.get("schema"), "output_config.format.schema")
 
 
-def _sampling(body: Body, max_tokens: int) -> pb.SamplingParams:
+def _sampling(body: Body, max_tokens: int, limits: InputLimits) -> pb.SamplingParams:
     """The shared sampling fields under their Chat Completions names (checked here under Anthropic's)."""
     stops = body.list_("stop_sequences") or []
     if not all(isinstance(s, str) for s in stops):
         raise bad_param("stop_sequences", "'stop_sequences' must be an array of strings")
     same = {"stop": stops, "temperature": body.num("temperature", 0.0, 1.0), "top_p": body.num("top_p", 0.0, 1.0),
             "top_k": body.int_("top_k", 0, 1 << 30), "ignore_eos": body.bool_("ignore_eos")}
-    return sampling.sampling_params(Body(same, sampling.SHARED), max_tokens)
+    return sampling.sampling_params(Body(same, sampling.SHARED), max_tokens, limits)
 
 
-def _common(raw: JsonObject, known: tuple[str, ...]) -> tuple[Body, list[pb.ChatMessage], ToolPlan | None]:
+def _common(
+    raw: JsonObject, known: tuple[str, ...], limits: InputLimits
+) -> tuple[Body, list[pb.ChatMessage], ToolPlan | None]:
     for name, why in REFUSED.items():
         if raw.get(name) is not None:
             raise bad_param(name, f"{name} is not supported by this server: {why}")
     body = Body(raw, (*known, *REFUSED))
     body.str_("model", required=True)
     body.obj("cache_control", ("type", "ttl"))  # NOTE: accepted and ignored: prefix caching is automatic
-    return body, _turns(body), _tools(body)
+    return body, _turns(body, limits), _tools(body, limits)
 
 
-def parse_messages(raw: JsonObject, model: str, priority_header: str | None) -> Parsed:
+def parse_messages(raw: JsonObject, model: str, priority_header: str | None, limits: InputLimits = DEFAULTS) -> Parsed:
     """A ``POST /v1/messages`` body; raises ApiError 400 naming the first bad field."""
-    body, turns, plan = _common(raw, CREATE)
+    body, turns, plan = _common(raw, CREATE, limits)
     max_tokens = body.int_("max_tokens", 1, 1 << 30)
     if max_tokens is None:
         raise bad_param("max_tokens", "'max_tokens' is a required property")
     _thinking(body, max_tokens)
     body.obj("metadata", ("user_id",))
     body.str_("service_tier")
-    sp = _sampling(body, max_tokens)
+    sp = _sampling(body, max_tokens, limits)
     priority = sampling.priority(Body({}, ()), priority_header)
     req, schema = chat_request(turns, sp, priority, plan, _format(body), "output_config.format")
     return Parsed(req, Output(True, model, bool(body.bool_("stream")), schema=schema, tools=plan))
 
 
-def count_turns(raw: JsonObject) -> list[pb.ChatMessage]:
+def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> list[pb.ChatMessage]:
     """The turns a ``POST /v1/messages/count_tokens`` body renders (tools included); raises ApiError 400."""
-    body, turns, plan = _common(raw, COUNT)
+    body, turns, plan = _common(raw, COUNT, limits)
     _thinking(body, None)
     if plan is not None and _format(body) is not None:
         raise bad_param("output_config.format", "output_config.format cannot be combined with tools")

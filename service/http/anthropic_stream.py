@@ -30,6 +30,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.api.intake import Intake
 from service.http.answer import Answer
 from service.http.anthropic_errors import anthropic_error
@@ -118,15 +119,15 @@ class MessagesDialect:
     prefix = "msg_"
     trailer = b""
 
-    def __init__(self, model: str, intake: Intake) -> None:
-        self.model, self.intake = model, intake
+    def __init__(self, model: str, intake: Intake, limits: InputLimits = DEFAULTS) -> None:
+        self.model, self.intake, self.limits = model, intake, limits
 
     def frame(self, item: Any) -> bytes:
         return typed_event(item)
 
     def parse(self, body: bytes, priority: str | None) -> Parsed:
         raw = parse_json(body)
-        parsed = parse_messages(raw, self.model, priority)
+        parsed = parse_messages(raw, self.model, priority, self.limits)
         check_model(raw.get("model"), self.model)
         return parsed
 
@@ -144,7 +145,7 @@ class MessagesDialect:
     def count_tokens(self, body: bytes) -> Json:
         """Worker thread: ``{"input_tokens": n}``, the prompt's tokens as Generate would count them."""
         raw = parse_json(body)
-        turns = count_turns(raw)
+        turns = count_turns(raw, self.limits)
         check_model(raw.get("model"), self.model)
         try:
             return {"input_tokens": len(self.intake.builder.render_tokens("", turns)[1])}

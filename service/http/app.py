@@ -78,9 +78,11 @@ class HttpApi:
         self.metrics: Any = None
         self.created = int(time.time())
         name = config.model_name
-        self.chat_dialect, self.completion_dialect = OpenAIDialect(True, name), OpenAIDialect(False, name)
-        self.messages_dialect = MessagesDialect(name, intake)
-        self.responses_dialect = ResponsesDialect(name)
+        limits = config.limits
+        self.chat_dialect = OpenAIDialect(True, name, limits)
+        self.completion_dialect = OpenAIDialect(False, name, limits)
+        self.messages_dialect = MessagesDialect(name, intake, limits)
+        self.responses_dialect = ResponsesDialect(name, limits)
 
     # -- shared checks ------------------------------------------------------------------------
     def authorize(self, request: Request, role: str = "user") -> str:

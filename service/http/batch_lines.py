@@ -21,6 +21,7 @@ from typing import Any
 from inference.v1 import batch_pb2 as bpb
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.errors import ApiError, from_status
 from service.http.requests import parse_chat, parse_completion
 
@@ -35,7 +36,7 @@ TERMINAL = (bpb.BATCH_STATE_COMPLETED, bpb.BATCH_STATE_FAILED, bpb.BATCH_STATE_C
 Line = bpb.BatchItem | tuple[str, str]
 
 
-def _item(raw: Any, endpoint: str, model: str) -> Line:
+def _item(raw: Any, endpoint: str, model: str, limits: InputLimits) -> Line:
     if not isinstance(raw, dict) or not isinstance(raw.get("custom_id"), str):
         return ("", "a line must be a JSON object with a string custom_id")
     cid = raw["custom_id"]
@@ -45,7 +46,7 @@ def _item(raw: Any, endpoint: str, model: str) -> Line:
     if not isinstance(body, dict):
         return (cid, "body must be a JSON object")
     try:
-        parsed = (parse_chat if endpoint == ENDPOINTS[0] else parse_completion)(body, model, None)
+        parsed = (parse_chat if endpoint == ENDPOINTS[0] else parse_completion)(body, model, None, limits)
         if body.get("model") != model:
             return (cid, f"model must be {model!r}")
     except ApiError as exc:
@@ -55,8 +56,8 @@ def _item(raw: Any, endpoint: str, model: str) -> Line:
     return bpb.BatchItem(custom_id=cid, generate=parsed.request)
 
 
-def parse_lines(data: bytes, endpoint: str, model: str) -> list[Line]:
-    """Every non-empty JSONL line as an item or a refusal (custom_id, why)."""
+def parse_lines(data: bytes, endpoint: str, model: str, limits: InputLimits = DEFAULTS) -> list[Line]:
+    """Every non-empty JSONL line as an item or a refusal (custom_id, why; counts past ``limits`` too)."""
     out: list[Line] = []
     for n, text in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if not text.strip():
@@ -66,7 +67,7 @@ def parse_lines(data: bytes, endpoint: str, model: str) -> list[Line]:
         except ValueError:
             out.append(("", f"line {n} is not valid JSON"))
             continue
-        out.append(_item(raw, endpoint, model))
+        out.append(_item(raw, endpoint, model, limits))
     return out
 
 

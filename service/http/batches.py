@@ -150,7 +150,8 @@ class BatchRoutes:
         if data is None:
             raise _not_found("file", file_id)
         try:
-            lines = await self.api.intake.offload(parse_lines, data, endpoint, self.api.config.model_name)
+            config = self.api.config
+            lines = await self.api.intake.offload(parse_lines, data, endpoint, config.model_name, config.limits)
             batch = await self.jobs.create(options, lines)
         except BadRequest as exc:
             raise ApiError(400, str(exc)) from None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from service.api.generate_stream import StreamLimits
+from service.api.input_limits import InputLimits
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class HttpConfig:
     tls_key: str = ""
     tls_client_ca: str = ""
     stream: StreamLimits = field(default_factory=StreamLimits)
+    limits: InputLimits = field(default_factory=InputLimits)  # messages, tools, stop strings, logit_bias
     max_body_bytes: int = 8 << 20  # a chat or completion request
     max_file_bytes: int = 256 << 20  # an uploaded batch input file
     # uploaded files: files_store "sqlite" (files_db a path; ":memory:" = not durable) or "postgres" (files_db

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from inference.v1 import inference_pb2 as pb
 from starlette.responses import Response
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.answer import Answer
 from service.http.anthropic_errors import PATH as MESSAGES_PATH
 from service.http.anthropic_errors import anthropic_response
@@ -73,6 +74,7 @@ class OpenAIDialect:
 
     chat: bool
     model: str
+    limits: InputLimits = DEFAULTS
     trailer: bytes = DONE
 
     def frame(self, item: Any) -> bytes:
@@ -84,7 +86,7 @@ class OpenAIDialect:
 
     def parse(self, body: bytes, priority: str | None) -> Parsed:
         raw = parse_json(body)
-        parsed = (parse_chat if self.chat else parse_completion)(raw, self.model, priority)
+        parsed = (parse_chat if self.chat else parse_completion)(raw, self.model, priority, self.limits)
         check_model(raw.get("model"), self.model)
         return parsed
 

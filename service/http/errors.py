@@ -42,7 +42,7 @@ STATUS = {
 # Request fields the intake's validation names first in its message, under the HTTP API's own names:
 # such a 400 names its parameter (e.g. a logit_bias token id outside the vocabulary).
 NAMED_PARAMS = frozenset({"logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "max_tokens",
-                          "temperature", "top_p", "top_k", "min_p", "n", "stop", "top_logprobs"})
+                          "temperature", "top_p", "top_k", "min_p", "n", "stop", "top_logprobs", "messages"})
 TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
          413: "invalid_request_error", 415: "invalid_request_error"}
 

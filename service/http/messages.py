@@ -18,6 +18,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.errors import bad_param
 from service.http.tools import call_text, result_text
 
@@ -70,8 +71,11 @@ def _message(i: int, m: Any) -> pb.ChatMessage:
     return pb.ChatMessage(role=ROLES[role], content=text)
 
 
-def chat_messages(raw: Any) -> list[pb.ChatMessage]:
-    """The request's turns; 400 for a bad message."""
+def chat_messages(raw: Any, limits: InputLimits = DEFAULTS) -> list[pb.ChatMessage]:
+    """The request's turns; 400 for a bad message or more than ``limits.max_messages`` of them
+    (counted before any is converted)."""
     if not isinstance(raw, list) or not raw:
         raise bad_param("messages", "messages must be a non-empty array")
+    if problem := limits.messages(len(raw)):
+        raise bad_param("messages", problem)
     return [_message(i, m) for i, m in enumerate(raw)]

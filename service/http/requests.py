@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
 from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
@@ -84,18 +85,19 @@ def _chat_logprobs(body: Body) -> int | None:
     return (top or 0) if on else None
 
 
-def parse_chat(raw: JsonObject, model: str, priority_header: str | None) -> Parsed:
-    """A Chat Completions body; raises ApiError 400 naming the first bad parameter."""
+def parse_chat(raw: JsonObject, model: str, priority_header: str | None, limits: InputLimits = DEFAULTS) -> Parsed:
+    """A Chat Completions body; raises ApiError 400 naming the first bad parameter (counts past
+    ``limits`` before the work that grows with them)."""
     _refuse(raw)
     body = Body(raw, (*CHAT, *REFUSED))
     body.str_("model", required=True)
     if (mods := body.get("modalities")) is not None and mods != ["text"]:
         raise bad_param("modalities", "only the text modality is supported")
-    plan = plan_tools(body.list_("tools"), body.get("tool_choice"))
+    plan = plan_tools(body.list_("tools"), body.get("tool_choice"), limits)
     fmt = _response_format(body)
-    messages = chat_messages(body.get("messages"))
+    messages = chat_messages(body.get("messages"), limits)
     top = _chat_logprobs(body)
-    sp = sampling.sampling_params(body, sampling.max_tokens(body, None))
+    sp = sampling.sampling_params(body, sampling.max_tokens(body, None), limits)
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
     req, schema = chat_request(messages, sp, sampling.priority(body, priority_header), plan, fmt)
     s = sampling.streaming(body)
@@ -114,7 +116,9 @@ def _prompt(body: Body) -> str:
     return prompt
 
 
-def parse_completion(raw: JsonObject, model: str, priority_header: str | None) -> Parsed:
+def parse_completion(
+    raw: JsonObject, model: str, priority_header: str | None, limits: InputLimits = DEFAULTS
+) -> Parsed:
     """A (legacy) Completions body; raises ApiError 400 naming the first bad parameter."""
     body = Body(raw, COMPLETION)
     body.str_("model", required=True)
@@ -125,7 +129,7 @@ def parse_completion(raw: JsonObject, model: str, priority_header: str | None) -
     echo = bool(body.bool_("echo"))
     if echo and top is not None:
         raise bad_param("echo", "echo with logprobs is not supported by this server")
-    sp = sampling.sampling_params(body, sampling.max_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS))
+    sp = sampling.sampling_params(body, sampling.max_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS), limits)
     best_of = body.int_("best_of", 1, 1 << 30)
     if best_of is not None and best_of != max(sp.n, 1):
         raise bad_param("best_of", "best_of must equal n: this server returns every choice it generates")

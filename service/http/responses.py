@@ -34,13 +34,14 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
 from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
 from service.http.errors import bad_param
 from service.http.render import Json
 from service.http.requests import Output, Parsed
-from service.http.tools import ToolPlan, call_text, function, plan_functions, result_text
+from service.http.tools import ToolPlan, call_text, check_tool_count, function, plan_functions, result_text
 
 IGNORED = ("reasoning", "parallel_tool_calls", "max_tool_calls", "metadata", "user", "safety_identifier",
            "prompt_cache_key", "prompt_cache_retention", "truncation", "include", "top_logprobs", "stream_options")
@@ -101,13 +102,15 @@ def _item(i: int, item: Any) -> pb.ChatMessage | None:
     raise bad_param(f"{where}.type", f"{where}: input items of type {kind!r} are not supported by this server")
 
 
-def _turns(body: Body) -> list[pb.ChatMessage]:
+def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
     """``instructions`` and ``input`` as turns; an assistant item right after another joins its turn."""
     raw = body.get("input")
     if isinstance(raw, str):
         raw = [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw:
         raise bad_param("input", "'input' must be a string or a non-empty array of input items")
+    if problem := limits.messages(len(raw)):
+        raise bad_param("input", problem)
     turns: list[pb.ChatMessage] = []
     if instructions := body.str_("instructions"):
         turns.append(pb.ChatMessage(role="system", content=instructions))
@@ -145,8 +148,9 @@ def _choice(choice: Any) -> tuple[str, str]:
                                    "'name': ...} (hosted tools and allowed_tools are not supported)")
 
 
-def _tools(body: Body) -> ToolPlan | None:
+def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
     tools = body.list_("tools") or []
+    check_tool_count(len(tools), limits)
     mode, named = _choice(body.get("tool_choice"))
     if not tools:
         if mode not in ("auto", "none"):
@@ -220,19 +224,21 @@ def _echo(raw: JsonObject, body: Body) -> Json:
             "truncation": body.get("truncation") or "disabled", "user": body.get("user")}
 
 
-def parse_responses(raw: JsonObject, model: str, priority_header: str | None) -> ResponsesParsed:
+def parse_responses(
+    raw: JsonObject, model: str, priority_header: str | None, limits: InputLimits = DEFAULTS
+) -> ResponsesParsed:
     """A ``POST /v1/responses`` body; raises ApiError 400 naming the first bad parameter."""
     body = Body(raw, KNOWN)
     body.str_("model", required=True)
     _stateless(body)
     stream = bool(body.bool_("stream"))
     _ignored(body, stream)
-    turns, plan = _turns(body), _tools(body)
+    turns, plan = _turns(body, limits), _tools(body, limits)
     same = {"temperature": body.num("temperature", 0.0, 2.0), "top_p": body.num("top_p", 0.0, 1.0),
             "max_tokens": body.int_("max_output_tokens", 1, 1 << 30), "service_tier": body.str_("service_tier"),
             "ignore_eos": body.bool_("ignore_eos")}
     shared = Body(same, sampling.SHARED)
-    sp = sampling.sampling_params(shared, sampling.max_tokens(shared, None))
+    sp = sampling.sampling_params(shared, sampling.max_tokens(shared, None), limits)
     req, schema = chat_request(turns, sp, sampling.priority(shared, priority_header), plan, _format(body),
                                "text.format")
     return ResponsesParsed(req, Output(True, model, stream, schema=schema, tools=plan), _echo(raw, body))

@@ -29,6 +29,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.answer import Answer
 from service.http.body import parse_json
 from service.http.dialect import check_model, typed_event
@@ -141,15 +142,15 @@ class ResponsesDialect:
     prefix = "resp_"
     trailer = b""
 
-    def __init__(self, model: str) -> None:
-        self.model = model
+    def __init__(self, model: str, limits: InputLimits = DEFAULTS) -> None:
+        self.model, self.limits = model, limits
 
     def frame(self, item: Any) -> bytes:
         return typed_event(item)
 
     def parse(self, body: bytes, priority: str | None) -> Parsed:
         raw = parse_json(body)
-        parsed = parse_responses(raw, self.model, priority)
+        parsed = parse_responses(raw, self.model, priority, self.limits)
         check_model(raw.get("model"), self.model)
         return parsed
 

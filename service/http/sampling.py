@@ -6,7 +6,7 @@ intake's request builder then validates them exactly as for gRPC (its
 proto cannot say, or says differently:
 
 * ``frequency_penalty`` and ``presence_penalty`` (-2 .. 2), ``logit_bias``
-  (token ids as decimal strings -> a bias in -100 .. 100, at most 1024 entries)
+  (token ids as decimal strings -> a bias in -100 .. 100, at most ``--max-logit-bias`` entries)
   and the extension ``repetition_penalty`` (llama.cpp's, (0, 10], 1 = off) map
   onto the ``SamplingParams`` fields of the same names; a value out of range
   is a 400 naming the parameter here (a token id outside the vocabulary is
@@ -26,7 +26,8 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
-from service.api.request_builder import MAX_BIAS, MAX_LOGIT_BIAS, MAX_REPETITION_PENALTY, PENALTY_RANGE
+from service.api.input_limits import InputLimits
+from service.api.request_builder import MAX_BIAS, MAX_REPETITION_PENALTY, PENALTY_RANGE
 from service.http.body import Body
 from service.http.errors import bad_param
 
@@ -81,15 +82,15 @@ def _bias_value(token: str, value: Any) -> float:
     return float(value)
 
 
-def logit_bias(body: Body) -> dict[int, float]:
+def logit_bias(body: Body, limits: InputLimits) -> dict[int, float]:
     """OpenAI's ``logit_bias``: token ids (decimal strings) -> bias in [-100, 100]; {} when unset."""
     bias = body.get("logit_bias")
     if bias is None:
         return {}
     if not isinstance(bias, dict):
         raise bad_param("logit_bias", "'logit_bias' must be an object mapping token ids to a bias in [-100, 100]")
-    if len(bias) > MAX_LOGIT_BIAS:
-        raise bad_param("logit_bias", f"'logit_bias' has {len(bias)} entries; at most {MAX_LOGIT_BIAS}")
+    if problem := limits.logit_bias(len(bias)):
+        raise bad_param("logit_bias", problem)
     out: dict[int, float] = {}
     for token, value in bias.items():
         if not (token.isascii() and token.isdigit()) or int(token) >= 2**31:
@@ -103,23 +104,25 @@ def _store(body: Body) -> None:
         raise bad_param("store", "store is not supported: this server keeps no completions (use store: false)")
 
 
-def _stops(body: Body) -> list[str]:
+def _stops(body: Body, limits: InputLimits) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         return []
     if isinstance(stop, str):
         return [stop]
+    if isinstance(stop, list) and (problem := limits.stop(len(stop))):
+        raise bad_param("stop", problem)
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return stop
     raise bad_param("stop", "'stop' must be a string or an array of strings")
 
 
-def sampling_params(body: Body, max_tokens: int | None) -> pb.SamplingParams:
+def sampling_params(body: Body, max_tokens: int | None, limits: InputLimits) -> pb.SamplingParams:
     """The shared parameters as a proto (``max_tokens``: the endpoint's resolved limit, or None)."""
     _store(body)
-    sp = pb.SamplingParams(stop=_stops(body), ignore_eos=bool(body.bool_("ignore_eos")))
+    sp = pb.SamplingParams(stop=_stops(body, limits), ignore_eos=bool(body.bool_("ignore_eos")))
     _penalties(body, sp)
-    for token, bias in logit_bias(body).items():
+    for token, bias in logit_bias(body, limits).items():
         sp.logit_bias[token] = bias
     if max_tokens is not None:
         sp.max_tokens = max_tokens

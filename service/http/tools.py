@@ -33,6 +33,7 @@ from typing import Any
 
 import jsonschema
 
+from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.errors import ApiError, bad_param
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -103,14 +104,24 @@ def _choice(choice: Any) -> tuple[str, str]:
     raise bad_param("tool_choice", "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', ...}")
 
 
-def plan_tools(tools: list[Any] | None, choice: Any) -> ToolPlan | None:
-    """The plan of a Chat Completions request's ``tools``/``tool_choice``; None when no tool is offered."""
+def plan_tools(tools: list[Any] | None, choice: Any, limits: InputLimits = DEFAULTS) -> ToolPlan | None:
+    """The plan of a Chat Completions request's ``tools``/``tool_choice``; None when no tool is offered.
+
+    More than ``limits.max_tools`` tools are refused before any schema is checked.
+    """
     if not tools:
         if choice not in (None, "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
+    check_tool_count(len(tools), limits)
     mode, named = _choice(choice)
     return plan_functions([_function(i, t) for i, t in enumerate(tools)], mode, named)
+
+
+def check_tool_count(n: int, limits: InputLimits) -> None:
+    """400 naming ``tools`` when a request offers more than ``limits.max_tools`` (before any is parsed)."""
+    if problem := limits.tools(n):
+        raise bad_param("tools", problem)
 
 
 def plan_functions(fns: list[Function], mode: str, named: str = "") -> ToolPlan | None:

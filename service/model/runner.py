@@ -13,7 +13,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import llama_cpp as L
 import numpy as np
@@ -105,6 +105,22 @@ SPECIAL_TOKEN_NAMES: tuple[str, ...] = ("bos", "eos", "eot", "sep", "pad", "mask
 SPECIAL_TOKEN_NAMES += ("fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
 
 
+class SpecialText(NamedTuple):
+    """A token that llama.cpp finds in text only when asked to parse special tokens (control or unknown).
+
+    ``lstrip``/``rstrip``: llama.cpp drops the whitespace before / after it when it is parsed.
+    """
+
+    id: int
+    text: str
+    lstrip: bool = False
+    rstrip: bool = False
+
+
+# Tokens llama.cpp's tokenizer skips when parse_special is false (user-defined tokens are matched either way).
+_PARSED_ONLY = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN
+
+
 class Vocab:
     """Tokenizer, token byte pieces, end-of-generation ids and the chat template."""
 
@@ -113,6 +129,7 @@ class Vocab:
         self.ptr = L.llama_model_get_vocab(model)
         self.n_vocab: int = L.llama_vocab_n_tokens(self.ptr)
         self.add_bos: bool = bool(L.llama_vocab_get_add_bos(self.ptr))
+        self.add_eos: bool = bool(L.llama_vocab_get_add_eos(self.ptr))
         self.bos_id: int = L.llama_vocab_bos(self.ptr)
         self.eos_id: int = L.llama_vocab_eos(self.ptr)
         self.token_bytes: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
@@ -150,6 +167,17 @@ class Vocab:
             buf = (L.llama_token * cap)()
             n = L.llama_tokenize(self.ptr, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def special_texts(self) -> list[SpecialText]:
+        """Every token whose text llama.cpp turns into that token only with ``parse_special``: the
+        vocabulary's control tokens (chat markers, BOS/EOS, ...) and its unknown token, by id."""
+        out = []
+        for t in range(self.n_vocab):
+            attr = L.llama_vocab_get_attr(self.ptr, t)
+            if attr & _PARSED_ONLY and (text := L.llama_vocab_get_text(self.ptr, t)):
+                lstrip, rstrip = bool(attr & L.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & L.LLAMA_TOKEN_ATTR_RSTRIP)
+                out.append(SpecialText(t, text.decode("utf-8", "replace"), lstrip, rstrip))
+        return out
 
     def ll_tokenizer(self) -> Any:
         """An llguidance tokenizer for this vocabulary (about 1 s; build once per model)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
@@ -21,6 +22,21 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
     "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+@dataclass(frozen=True)
+class Family:
+    """Another model family's chat tokens for ``build``: its control tokens (``bos`` and ``eos`` among
+    them), user-defined tokens (matched in any text, as llama.cpp does), GGUF name and chat template."""
+
+    name: str
+    control: list[str]
+    bos: str
+    eos: str
+    template: str
+    user_defined: list[str] = field(default_factory=list)
+
+
 CORPUS = [
     '{"name":"Al","age":3}',
     '{"name": "Bo", "age": 7, "tags": ["a", "b"], "ok": true, "none": null}',
@@ -85,20 +101,27 @@ def _learn_merges(corpus: list[str], n: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build(path: Path, add_bos: bool = False) -> Path:
-    """Write the tiny vocabulary to ``path`` (a GGUF file llama.cpp loads with ``vocab_only``)."""
+def build(path: Path, add_bos: bool = False, family: Family | None = None) -> Path:
+    """Write the tiny vocabulary to ``path`` (a GGUF file llama.cpp loads with ``vocab_only``).
+
+    ``family``: another model family's control and user-defined tokens, name and chat template
+    instead of SmolLM2's (the byte tokens and merges stay the same).
+    """
     import gguf
 
     merges = _learn_merges(CORPUS, MERGES)
-    tokens = [*CONTROL, *(c for b, c in enumerate(BYTE_CHARS) if b not in MISSING_BYTES)]
+    control = family.control if family else CONTROL
+    user = family.user_defined if family else []
+    tokens = [*control, *user, *(c for b, c in enumerate(BYTE_CHARS) if b not in MISSING_BYTES)]
     seen = set(tokens)
     for a, b in merges:
         if a + b not in seen:
             tokens.append(a + b)
             seen.add(a + b)
-    types = [gguf.TokenType.CONTROL] * len(CONTROL) + [gguf.TokenType.NORMAL] * (len(tokens) - len(CONTROL))
+    types = [gguf.TokenType.CONTROL] * len(control) + [gguf.TokenType.USER_DEFINED] * len(user)
+    types += [gguf.TokenType.NORMAL] * (len(tokens) - len(types))
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-vocab")
+    writer.add_name(family.name if family else "tiny-vocab")
     writer.add_context_length(2048)
     writer.add_embedding_length(64)
     writer.add_block_count(1)
@@ -112,13 +135,17 @@ def build(path: Path, add_bos: bool = False) -> Path:
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges([f"{a} {b}" for a, b in merges])
-    writer.add_bos_token_id(3 if add_bos else 1)
-    writer.add_eos_token_id(2)
+    if family:
+        writer.add_bos_token_id(tokens.index(family.bos))
+        writer.add_eos_token_id(tokens.index(family.eos))
+    else:
+        writer.add_bos_token_id(3 if add_bos else 1)
+        writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_pad_token_id(2)
     writer.add_add_bos_token(add_bos)
     writer.add_add_space_prefix(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    writer.add_chat_template(family.template if family else CHAT_TEMPLATE)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
+from service.api.input_limits import DEFAULT_MAX_STOP
 from service.api.model_rpcs import MAX_DETOKENIZE_TOKENS, MAX_TOKENIZE_BYTES
-from service.api.request_builder import DEFAULT_JSON_MAX_TOKENS, DEFAULT_MAX_TOKENS, MAX_STOP_STRINGS
+from service.api.request_builder import DEFAULT_JSON_MAX_TOKENS, DEFAULT_MAX_TOKENS
 from tests.support.helpers import req, run_stream
 from tests.support.server import DEFAULT_MODEL
 
@@ -185,7 +186,7 @@ def test_model_info_reports_the_server_and_request_limits(stub: Any, server: Any
     assert limits.context_size == stub.CountTokens(pb.CountTokensRequest(text="a")).context_size
     assert limits.context_size == min(info.kv_pool_tokens, info.training_context)
     assert (limits.default_max_tokens, limits.default_json_max_tokens) == (DEFAULT_MAX_TOKENS, DEFAULT_JSON_MAX_TOKENS)
-    assert (limits.max_stop_strings, limits.max_top_logprobs, limits.max_choices) == (MAX_STOP_STRINGS, 20, 16)
+    assert (limits.max_stop_strings, limits.max_top_logprobs, limits.max_choices) == (DEFAULT_MAX_STOP, 20, 16)
 
 
 def test_add_special_adds_bos_only_for_models_that_want_it(stub: Any, tmp_path: Path) -> None:

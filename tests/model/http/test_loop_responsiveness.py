@@ -3,6 +3,8 @@
 A chat of 20,000 messages used to be rendered and tokenized on the event loop, freezing /health and
 every gRPC and HTTP call for 11 s (150,000 messages: minutes). Preparation now runs in worker threads,
 and a prompt too long for any tokenization to fit the context is refused before it is tokenized.
+(More messages than ``--max-messages``, 10,000 by default, are refused before they are even parsed:
+the chats here stay within it; tests/model/hostile/test_size_limits.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.model
 
-N_MESSAGES = 20_000
+N_MESSAGES = 10_000  # the default --max-messages
 
 
 def chat(n: int, content: str = "a short message") -> dict[str, Any]:
@@ -56,7 +58,7 @@ def held_preparation(
     release.set()
 
 
-def test_health_and_grpc_answer_while_a_20000_message_chat_is_being_prepared(
+def test_health_and_grpc_answer_while_a_10000_message_chat_is_being_prepared(
     api_server: RunningServer, held_preparation: tuple[threading.Event, threading.Event]
 ) -> None:
     inside, release = held_preparation
@@ -99,8 +101,9 @@ def test_a_rendered_chat_too_long_for_the_context_is_refused_before_it_is_tokeni
     """Short contents, many turns: the contents fit the first check; the rendered chat does not."""
     builder = api_server.server.intake.builder
     chars = builder.limits.max_context * builder.max_piece_bytes
-    content = "twenty characters.. "
+    content = "forty characters, which is a few words.."
     n = chars // len(content) * 9 // 10  # contents alone: 90% of the bound; each turn's markers add more
+    assert n <= builder.limits.inputs.max_messages
     r = httpx2.post(f"{http_base(api_server)}/v1/chat/completions", json=chat(n, content), timeout=300)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith("prompt is at least "), r.text

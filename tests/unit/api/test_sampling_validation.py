@@ -30,7 +30,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"logit_bias": {1000: 1.0}}, "logit_bias token id 1000 is outside the vocabulary (0..999)"),
     ({"logit_bias": {-1: 1.0}}, "logit_bias token id -1 is outside the vocabulary (0..999)"),
     ({"logit_bias": {5: 101.0}}, "logit_bias for token 5 must be in [-100, 100], got 101.0"),
-    ({"logit_bias": {i: 1.0 for i in range(1025)}}, "logit_bias has 1025 entries; at most 1024"),
+    ({"logit_bias": {i: 1.0 for i in range(1025)}}, "logit_bias has 1025 entries; at most 1024 are accepted (server flag --max-logit-bias)"),
     ({"json_repeat_penalty": 6.0}, "json_repeat_penalty must be in [0, 5], got 6.0"),
     ({"json_finish": 7}, "json_finish 7 is not a known JsonFinish value (0, 1 or 2)"),
 ]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from inference.v1 import inference_pb2 as pb
 
+from service.api.input_limits import InputLimits
 from service.http.errors import ApiError, from_status
 from service.http.requests import parse_chat, parse_completion
 
@@ -148,3 +149,42 @@ def test_completion_defaults_to_sixteen_tokens_and_takes_one_prompt() -> None:
     assert refused(parse_completion, {"model": MODEL, "prompt": "a", "best_of": 3}, MODEL, None).param == "best_of"
     echo = parse_completion({"model": MODEL, "prompt": "Once", "echo": True}, MODEL, None)
     assert echo.output.echo == "Once"
+
+
+LIMITS = InputLimits(max_messages=3, max_tools=2, max_stop_strings=2, max_logit_bias=2)
+
+
+def _tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("param", "too_many", "limit", "flag"),
+    [
+        ("messages", [{"role": "user", "content": "hi"}] * 4, 3, "--max-messages"),
+        ("tools", [_tool("f"), _tool("g"), _tool("h")], 2, "--max-tools"),
+        ("stop", ["a", "b", "c"], 2, "--max-stop-strings"),
+        ("logit_bias", {"1": 1, "2": 1, "3": 1}, 2, "--max-logit-bias"),
+    ],
+)
+def test_counts_past_the_servers_limits_are_a_400_naming_the_param_and_the_flag(
+    param: str, too_many: Any, limit: int, flag: str
+) -> None:
+    raw = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], param: too_many}
+    err = refused(parse_chat, raw, MODEL, None, LIMITS)
+    assert err.param == param
+    assert str(err) == f"{param} has {len(too_many)} entries; at most {limit} are accepted (server flag {flag})"
+    fewer = too_many[:-1] if isinstance(too_many, list) else dict(list(too_many.items())[:-1])
+    parse_chat({**raw, param: fewer}, MODEL, None, LIMITS)  # at the limit: accepted
+
+
+def test_tools_past_the_limit_are_refused_before_any_schema_is_checked() -> None:
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}  # an invalid schema
+    err = refused(parse_chat, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                               "tools": [bad] * 3}, MODEL, None, LIMITS)
+    assert err.param == "tools"
+
+
+def test_the_intakes_messages_refusal_names_the_param() -> None:
+    err = from_status("INVALID_ARGUMENT", "messages has 9 entries; at most 8 are accepted (server flag --max-messages)")
+    assert (err.status, err.param) == (400, "messages")

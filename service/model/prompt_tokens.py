@@ -1,0 +1,134 @@
+"""Prompt text -> token ids, where caller text is never control tokens and cost is linear.
+
+The rule (docs/security.md, "Caller text is never control tokens"): in a chat,
+only the template's own text becomes control tokens; message contents, and
+everything the HTTP API folds into them (tool descriptions and results, earlier
+tool calls), are tokenized as text, whatever they contain. A raw prompt is text
+too; ``parse_special=True`` (Tokenize and CountTokens only) asks for every
+control token's text to be parsed.
+
+How: the contents are escaped (``ControlTokens.escape``) before the template
+renders them, the render is split at the control tokens left unmarked (the
+template's), and each run of text between them is tokenized by llama.cpp
+without special parsing. llama.cpp splits a prompt at the same places before it
+tokenizes the pieces, so a conversation whose contents hold no control-token
+text gets exactly the token ids of llama.cpp's whole-prompt tokenization.
+
+NOTE: escaping changes only contents that hold a control token's text (or a mark
+character). For those, the render is checked against a second one with other
+mark characters: a template that treats the marks as anything but opaque
+characters (dropping or encoding them) would make the two differ, and the
+request is refused rather than tokenized unsafely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.model.chat import ChatTemplate, ChatTemplateError
+from service.model.control_tokens import ControlTokens, Part, free_chars
+from service.model.runner import SpecialText, Vocab
+
+# Control tokens per llama.cpp call in ``PromptTokenizer.ids``.
+CHUNK = 32
+
+
+def _text(part: Part) -> str:
+    return part if isinstance(part, str) else part.text
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A chat as the template rendered it: its text, and its runs of plain text and control tokens."""
+
+    text: str
+    parts: list[Part]
+
+
+class PromptTokenizer:
+    """Tokenizes raw prompts and rendered chats for one vocabulary and chat template (see the module doc)."""
+
+    def __init__(self, vocab: Vocab, template: ChatTemplate) -> None:
+        self.vocab, self.template = vocab, template
+        specials = vocab.special_texts()
+        avoid = "".join((template.source, vocab.bos_text, vocab.eos_text, *(s.text for s in specials)))
+        brk, esc, brk2, esc2 = free_chars(4, avoid)
+        self.controls = ControlTokens(specials, (brk, esc))
+        self._check = ControlTokens(specials, (brk2, esc2))
+        self._special_ids = frozenset(s.id for s in specials)
+
+    @property
+    def specials(self) -> dict[str, SpecialText]:
+        """The control tokens by text."""
+        return self.controls.by_text
+
+    def render(self, messages: Sequence[tuple[str, str]]) -> Rendered:
+        """The chat rendered with its contents escaped, split at the template's control tokens.
+
+        Raises ChatTemplateError (bad role, the template refused) and when the template
+        transforms escaped content in a way that keeps it from being told apart.
+        """
+        escaped = [(role, self.controls.escape(content)) for role, content in messages]
+        raw = self.template.render(escaped)
+        parts = self.controls.split(raw)
+        if any(e != c for (_, e), (_, c) in zip(escaped, messages, strict=True)):
+            other = self._check.split(self.template.render([(r, self._check.escape(c)) for r, c in messages]))
+            if other != parts:
+                raise ChatTemplateError(
+                    "the chat template transforms message text that contains control-token text in a way "
+                    "that cannot be tokenized as text; remove the control-token text from the messages"
+                )
+        return Rendered(self.controls.reveal(raw), parts)
+
+    def starts_with_bos(self, rendered: Rendered) -> bool:
+        """The template wrote BOS itself (so none is added)."""
+        return bool(self.vocab.bos_text) and rendered.text.startswith(self.vocab.bos_text)
+
+    def ids(self, parts: Sequence[Part], add_special: bool) -> list[int]:
+        """Token ids of ``parts``: runs as text, control tokens as themselves; ``add_special`` adds BOS
+        (and EOS) where the vocabulary wants them, as llama.cpp does.
+
+        NOTE: llama.cpp spends a fixed ~0.15 ms per call (this model's pre-tokenizer), so runs that hold
+        no control-token text are tokenized together with their control tokens, ``CHUNK`` tokens a
+        call, with special parsing: the same ids as one run a call, with far fewer calls (its
+        quadratic search stays small at that size). A run that holds control-token text (caller text
+        that was escaped) is tokenized on its own as text; a chunk whose control tokens come out other
+        than placed is tokenized again one part a call.
+        """
+        out = [self.vocab.bos_id] if add_special and self.vocab.add_bos else []
+        chunk: list[Part] = []
+        for part in parts:
+            if isinstance(part, str) and self.controls.holds_control(part):
+                out += self._chunk(chunk)
+                out += self.vocab.tokenize(part, add_special=False, parse_special=False)
+                chunk = []
+                continue
+            chunk.append(part)
+            if not isinstance(part, str) and len(chunk) >= CHUNK:
+                out += self._chunk(chunk)
+                chunk = []
+        out += self._chunk(chunk)
+        if add_special and self.vocab.add_eos:
+            out.append(self.vocab.eos_id)
+        return out
+
+    def _chunk(self, parts: Sequence[Part]) -> list[int]:
+        """Parts without control-token text in their runs, tokenized in one call (see ``ids``)."""
+        if not parts:
+            return []
+        ids = self.vocab.tokenize("".join(_text(p) for p in parts), add_special=False, parse_special=True)
+        placed = [p.id for p in parts if not isinstance(p, str)]
+        if [t for t in ids if t in self._special_ids] == placed:
+            return ids
+        out: list[int] = []  # NOTE: not expected; kept so that no run can ever yield a control token
+        for p in parts:
+            out += self.vocab.tokenize(p, False, False) if isinstance(p, str) else [p.id]
+        return out
+
+    def text_ids(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of raw text; ``parse_special`` turns every control token's text into the token
+        (found here in linear time, not by llama.cpp's quadratic search)."""
+        if not parse_special:
+            return self.vocab.tokenize(text, add_special=add_special, parse_special=False)
+        return self.ids(self.controls.split(text, marked=False), add_special)
