@@ -16,9 +16,11 @@ from inference.v1 import inference_pb2 as pb
 
 from service.http.requests import Output
 
-# NOTE: a JSON document closed early within its budget (json_finish, --json-finish close) is complete and
-# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it).
+# NOTE: a JSON document closed early within its budget (json_finish close, the default) is complete and
+# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it); the choice then
+# carries the extension field CLOSED_FIELD (true), absent otherwise (docs/openai.md).
 FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CLOSED: "stop"}
+CLOSED_FIELD = "json_closed"
 Json = dict[str, Any]
 
 
@@ -53,6 +55,7 @@ class Choice:
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)
     finish: str | None = None
     tool_calls: list[Json] | None = None
+    closed: bool = False  # a JSON document closed early within its budget (finish "stop")
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Choices:
     def add_done(self, d: pb.Done) -> Choice:
         choice = self.get(d.choice_index)
         choice.finish = FINISH[d.finish_reason]
+        choice.closed = d.finish_reason == pb.FINISH_REASON_CLOSED
         self.prompt_tokens = d.usage.prompt_tokens
         self.completion_tokens += d.usage.completion_tokens
         self.cached_tokens = max(self.cached_tokens, min(d.usage.cached_tokens, d.usage.prompt_tokens))
@@ -118,31 +122,42 @@ class Choices:
         rows = []
         for i, c in sorted(self.choices.items()):
             if self.output.chat:
-                rows.append({"index": i, "message": self._message(c), "logprobs": self._logprobs(c.logprobs),
-                             "finish_reason": c.finish})
+                row = {"index": i, "message": self._message(c), "logprobs": self._logprobs(c.logprobs),
+                       "finish_reason": c.finish}
             else:
                 text = self.output.echo + c.text
-                rows.append({"index": i, "text": text, "logprobs": self._logprobs(c.logprobs, len(self.output.echo)),
-                             "finish_reason": c.finish})
+                row = {"index": i, "text": text, "logprobs": self._logprobs(c.logprobs, len(self.output.echo)),
+                       "finish_reason": c.finish}
+            if c.closed:
+                row[CLOSED_FIELD] = True
+            rows.append(row)
         out["choices"] = rows
         out["usage"] = self.usage()
         return out
 
+    def role_chunk(self, index: int) -> Json:
+        """A chat stream's first chunk of choice ``index``: the role alone, as OpenAI sends it."""
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
     def chunk(self, index: int, *, text: str = "", entries: list[pb.TokenLogprob] | None = None,
-              finish: str | None = None, first: bool = False, tool_calls: list[Json] | None = None,
-              offset: int = 0) -> Json:
-        """One stream chunk of choice ``index``."""
-        out = self._envelope(chunk=True)
+              finish: str | None = None, tool_calls: list[Json] | None = None, offset: int = 0,
+              closed: bool = False) -> Json:
+        """One stream chunk of choice ``index`` (chat: after its ``role_chunk``)."""
         logprobs = self._logprobs(entries or [], offset) if entries else None
         if self.output.chat:
-            delta: Json = {"role": "assistant"} if first else {}
-            if text or first:
-                delta["content"] = text if not tool_calls else None
+            delta: Json = {"content": text} if text else {}
             if tool_calls:
                 delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(tool_calls)]
             row: Json = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             row = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if closed:
+            row[CLOSED_FIELD] = True
+        return self._chunk(row)
+
+    def _chunk(self, row: Json) -> Json:
+        out = self._envelope(chunk=True)
         out["choices"] = [row]
         if self.output.include_usage:
             out["usage"] = None
