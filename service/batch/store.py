@@ -156,7 +156,7 @@ class ItemResult:
     """The outcome of one item: text and counts, or an error (status name + message)."""
 
     text: str = ""
-    finish_reason: str = ""  # "stop", "length", "cancelled" or ""
+    finish_reason: str = ""  # "stop", "length", "cancelled", "closed" (a JSON document closed in budget) or ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.request_builder import MAX_JSON_REPEAT_PENALTY
 from service.http import sampling
 from service.http.body import Body, JsonObject
 from service.http.errors import bad_param
@@ -21,9 +22,11 @@ from service.http.messages import chat_messages
 from service.http.tools import ToolPlan, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+JSON_OPTIONS = ("json_finish", "json_repeat_penalty")  # extensions: SamplingParams' fields of the same names
 CHAT = (*sampling.SHARED, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format",
-        "tools", "tool_choice", "modalities", "stop")
-COMPLETION = (*sampling.SHARED, "prompt", "echo", "logprobs", "best_of", "suffix")
+        "tools", "tool_choice", "modalities", "stop", *JSON_OPTIONS)
+COMPLETION = (*sampling.SHARED, "prompt", "echo", "logprobs", "best_of", "suffix", *JSON_OPTIONS)
+JSON_FINISH = {"close": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET, "cut-off": pb.JSON_FINISH_CUT_OFF}
 REFUSED = {  # OpenAI parameters with no meaning here: a 400 naming them (docs/openai.md)
     "functions": "use tools", "function_call": "use tool_choice", "audio": "this model has no audio output",
     "prediction": "predicted outputs are not supported", "web_search_options": "no web search here",
@@ -82,6 +85,27 @@ def _response_format(body: Body) -> tuple[pb.ResponseFormat | None, str | None]:
     return pb.ResponseFormat(json_schema=source), source
 
 
+def _json_options(body: Body, sp: pb.SamplingParams, json_output: bool, tool_call: bool = False) -> None:
+    """The extensions ``json_finish`` ("close" or "cut-off"; unset: the server's --json-finish) and
+    ``json_repeat_penalty`` (0 .. 5) into ``sp``; both need JSON output (a json_schema or json_object
+    ``response_format``, or a named or required tool call)."""
+    finish = body.str_("json_finish")
+    if finish is not None and finish not in JSON_FINISH:
+        raise bad_param("json_finish", "json_finish must be 'close' or 'cut-off'")
+    penalty = body.num("json_repeat_penalty", 0.0, MAX_JSON_REPEAT_PENALTY)
+    if not json_output and (finish == "close" or penalty):
+        name = "json_finish" if finish == "close" else "json_repeat_penalty"
+        raise bad_param(name, f"{name} needs JSON output: a json_schema or json_object response_format")
+    if finish is not None:
+        sp.json_finish = JSON_FINISH[finish]
+    elif tool_call:
+        # NOTE: a call closed early would carry made-up short arguments and still read as a call to make:
+        # a call cut off by max_tokens stays text with finish_reason "length" unless the body asks to close
+        sp.json_finish = pb.JSON_FINISH_CUT_OFF
+    if penalty is not None:
+        sp.json_repeat_penalty = penalty
+
+
 def _chat_logprobs(body: Body) -> int | None:
     on = body.bool_("logprobs")
     top = body.int_("top_logprobs", 0, 20)
@@ -105,6 +129,8 @@ def parse_chat(raw: JsonObject, model: str, priority_header: str | None) -> Pars
     top = _chat_logprobs(body)
     sp = sampling.sampling_params(body, sampling.max_tokens(body, None))
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
+    tool_json = plan is not None and plan.fmt[0] == "json_schema"
+    _json_options(body, sp, rf is not None or tool_json, tool_json)
     req = pb.GenerateRequest(messages=messages, sampling=sp, priority=sampling.priority(body, priority_header))
     if plan is not None:
         req.response_format.CopyFrom(pb.ResponseFormat(**{plan.fmt[0]: plan.fmt[1]}))
@@ -143,6 +169,7 @@ def parse_completion(raw: JsonObject, model: str, priority_header: str | None) -
     if best_of is not None and best_of != max(sp.n, 1):
         raise bad_param("best_of", "best_of must equal n: this server returns every choice it generates")
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
+    _json_options(body, sp, json_output=False)
     req = pb.GenerateRequest(prompt=prompt, sampling=sp, priority=sampling.priority(body, priority_header))
     s = sampling.streaming(body)
     return Parsed(req, Output(False, model, s.stream, s.include_usage, top, echo=prompt if echo else ""))
