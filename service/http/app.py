@@ -4,7 +4,8 @@ Routes (docs/openai.md):
 
 * ``POST /v1/chat/completions``, ``POST /v1/completions``: streamed or not;
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model;
-* the batch API (``service.http.batches``);
+* the batch API (``service.http.batches``); ``POST /tokenize``, ``POST /detokenize`` (vLLM's,
+  ``service.http.tokens``);
 * ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
   (Prometheus text: today's ``inference_*`` series and the vLLM-named ones).
 
@@ -41,6 +42,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.api.intake import Intake
+from service.api.model_rpcs import ModelApi
 from service.api.readiness import Need
 from service.http.answer import Answer, event_error
 from service.http.body import parse_json
@@ -59,11 +61,13 @@ log = logging.getLogger("service.http")
 
 
 class HttpApi:
-    """The routes over one intake; ``metrics`` is set once the engine runs (a prometheus_client registry)."""
+    """The routes over one intake; ``metrics`` (a prometheus_client registry) and ``model_api`` (the gRPC
+    model RPCs' ``ModelApi``, for /tokenize and /detokenize) are set once the engine runs."""
 
     def __init__(self, config: HttpConfig, intake: Intake, tenancy: Tenancy) -> None:
         self.config, self.intake, self.tenancy = config, intake, tenancy
         self.metrics: Any = None
+        self.model_api: ModelApi | None = None
         self.created = int(time.time())
 
     # -- shared checks ------------------------------------------------------------------------
