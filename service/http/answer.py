@@ -25,6 +25,7 @@ from inference.v1 import inference_pb2 as pb
 from service.http.errors import ApiError, from_status
 from service.http.render import Choice, Choices, Json
 from service.http.run import Run
+from service.http.runs import Runs
 from service.http.tools import tool_calls
 from service.request.errors import BadRequest
 
@@ -71,7 +72,7 @@ class Answer:
             c.tool_calls, c.finish = calls, "tool_calls"
         return c
 
-    async def complete(self, run: Run) -> Json | None:
+    async def complete(self, run: Run | Runs) -> Json | None:
         """The whole answer (None: the client left first); raises ApiError for a failed request."""
         async for ev in run.events():
             kind = ev.WhichOneof("event")
@@ -102,13 +103,14 @@ class Answer:
         """The chunk of new text (completions: the echoed prompt before the first); none when it would be
         empty: a delta that completed no character and carries no logprobs is not sent."""
         st = self._st(index)
-        prefix = "" if st["echoed"] else self.choices.output.echo
+        echo = self.choices.echo(index)
+        prefix = "" if st["echoed"] else echo
         st["echoed"] = True
         if not prefix and not text and not entries:
             return []
-        offset = len(self.choices.output.echo) + st["sent"]
+        offset = len(echo) + st["sent"]  # where ``text`` starts in the choice's whole text
         st["sent"] += len(text)
-        return [self.choices.chunk(index, text=prefix + text, entries=entries, offset=offset - len(prefix))]
+        return [self.choices.chunk(index, text=prefix + text, entries=entries, offset=offset, echoed=bool(prefix))]
 
     def on_delta(self, d: pb.Delta) -> list[Json]:
         """Chunks for one delta (only the role chunk while a tool call is being buffered)."""
@@ -137,7 +139,7 @@ class Answer:
         out.append(self.choices.chunk(i, finish=c.finish, closed=c.closed))
         return out
 
-    async def stream(self, first: pb.GenerateResponse, run: Run) -> AsyncIterator[Json]:
+    async def stream(self, first: pb.GenerateResponse, run: Run | Runs) -> AsyncIterator[Json]:
         """Chunks from the first event on; the last is the usage chunk when asked for."""
 
         async def events() -> AsyncIterator[pb.GenerateResponse]:

@@ -35,6 +35,7 @@ import time
 import uuid
 from typing import Any
 
+from inference.v1 import inference_pb2 as pb
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -49,8 +50,9 @@ from service.http.body import parse_json
 from service.http.config import HttpConfig
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
-from service.http.requests import Parsed, parse_chat, parse_completion
+from service.http.requests import Parsed, parse_chat, parse_completion, with_vocab
 from service.http.run import Run, watch_disconnect
+from service.http.runs import Runs
 from service.http.sse import EventStream
 from service.request.errors import Unavailable
 from service.request.events import LOADING
@@ -124,7 +126,7 @@ class HttpApi:
         # NOTE: parsing grows with the body (100,000 messages: a second): never on the event loop.
         parsed = await self.intake.offload(self._parse, body, chat, request.headers.get("x-priority"))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        run = Run(self.intake, self.config.stream, rid, parsed.request)
+        run = self._start(parsed, rid)
         watcher: asyncio.Task[None] | None = watch_disconnect(request.receive, run)
         answer = Answer(Choices(parsed.output, rid), self.intake.grammar)
         try:
@@ -150,7 +152,24 @@ class HttpApi:
         raw = parse_json(body)
         parsed = (parse_chat if chat else parse_completion)(raw, self.config.model_name, priority)
         self.model(raw.get("model"))
+        if not chat:
+            vocab = self.intake.builder.vocab
+            parsed = with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)
         return parsed
+
+    def _start(self, parsed: Parsed, rid: str) -> Run | Runs:
+        """The request's run; a completions request with several prompts runs one request per prompt."""
+        if len(parsed.prompts) <= 1:
+            ids = parsed.prompts[0] if parsed.prompts and isinstance(parsed.prompts[0], tuple) else ()
+            return Run(self.intake, self.config.stream, rid, parsed.request, ids)
+        runs = []
+        for i, prompt in enumerate(parsed.prompts):
+            request = pb.GenerateRequest()
+            request.CopyFrom(parsed.request)
+            request.prompt = prompt if isinstance(prompt, str) else ""
+            ids = prompt if isinstance(prompt, tuple) else ()
+            runs.append(Run(self.intake, self.config.stream, f"{rid}-{i}", request, ids))
+        return Runs(runs, parsed.output.n)
 
     # -- models, health, metrics ---------------------------------------------------------------
     def _model_object(self) -> dict[str, Any]:

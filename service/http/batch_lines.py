@@ -50,6 +50,8 @@ def _item(raw: Any, endpoint: str, model: str) -> Line:
         return (cid, str(exc))
     if parsed.output.stream or parsed.output.tools is not None:
         return (cid, "batch lines cannot stream or call tools")
+    if len(parsed.prompts) > 1 or (parsed.prompts and not isinstance(parsed.prompts[0], str)):
+        return (cid, "a batch line takes one text prompt (several prompts or token ids: one line each, as text)")
     return bpb.BatchItem(custom_id=cid, generate=parsed.request)
 
 

@@ -10,7 +10,8 @@ schema to validate the final document against, and the echoed prompt.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from inference.v1 import inference_pb2 as pb
 
@@ -19,6 +20,7 @@ from service.http import sampling
 from service.http.body import Body, JsonObject
 from service.http.errors import bad_param
 from service.http.messages import chat_messages
+from service.http.prompts import Prompt, check_choices, check_ids, prompts_of, text_of
 from service.http.tools import ToolPlan, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
@@ -45,13 +47,29 @@ class Output:
     logprobs: int | None = None  # None: no logprobs; chat: top_logprobs; completions: the logprobs integer
     schema: str | None = None  # JSON Schema the final document must validate against (finish stop)
     tools: ToolPlan | None = None
-    echo: str = ""  # completions: the prompt, put before the text
+    echo: tuple[str, ...] = ()  # completions with echo: each prompt's text, put before its choices' text
+    n: int = 0  # completions: choices per prompt (choice i belongs to prompt i // n); 0: one prompt
+    score: bool = False  # completions, echo with logprobs: the prompt's tokens lead each choice's logprobs
 
 
 @dataclass(frozen=True)
 class Parsed:
-    request: pb.GenerateRequest  # request_id is set by the caller
+    """``request`` (its request_id set by the caller) runs once per prompt of ``prompts`` (completions;
+    chat: none, the request has its messages), with the prompt put in."""
+
+    request: pb.GenerateRequest
     output: Output
+    prompts: tuple[Prompt, ...] = ()
+
+
+def with_vocab(parsed: Parsed, n_vocab: int, token_bytes: Sequence[bytes]) -> Parsed:
+    """Completions: token-id prompts checked against the vocabulary (a 400 naming ``prompt``), and
+    echoed as their text."""
+    check_ids(parsed.prompts, n_vocab)
+    if not parsed.output.echo:
+        return parsed
+    echo = tuple(text_of(p, token_bytes) for p in parsed.prompts)
+    return replace(parsed, output=replace(parsed.output, echo=echo))
 
 
 def _refuse(raw: JsonObject) -> None:
@@ -141,35 +159,41 @@ def parse_chat(raw: JsonObject, model: str, priority_header: str | None) -> Pars
     return Parsed(req, Output(True, model, s.stream, s.include_usage, top, schema, plan))
 
 
-def _prompt(body: Body) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad_param(
-            "prompt", "prompt must be a string (or an array of one string): token-id and multi-prompt "
-            "requests are not supported; send one request per prompt"
-        )
-    return prompt
+def _completion_sampling(body: Body, score: bool) -> pb.SamplingParams:
+    """The sampling parameters; scoring (echo with logprobs) may ask for ``max_tokens: 0``: the prompt's
+    logprobs alone, nothing generated."""
+    if score and body.get("max_tokens") == 0:
+        rest = Body({k: v for k, v in body.raw.items() if k != "max_tokens"}, COMPLETION)
+        sp = sampling.sampling_params(rest, 0)
+    else:
+        sp = sampling.sampling_params(body, sampling.max_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS))
+    sp.echo_prompt_logprobs = score
+    return sp
 
 
 def parse_completion(raw: JsonObject, model: str, priority_header: str | None) -> Parsed:
     """A (legacy) Completions body; raises ApiError 400 naming the first bad parameter."""
     body = Body(raw, COMPLETION)
     body.str_("model", required=True)
-    prompt = _prompt(body)
+    prompts = prompts_of(body.get("prompt"))
     if body.str_("suffix"):
         raise bad_param("suffix", "suffix (insertion) is not supported by this server")
     top = body.int_("logprobs", 0, 20)
     echo = bool(body.bool_("echo"))
-    if echo and top is not None:
-        raise bad_param("echo", "echo with logprobs is not supported by this server")
-    sp = sampling.sampling_params(body, sampling.max_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS))
+    sp = _completion_sampling(body, echo and top is not None)
+    n = max(sp.n, 1)
+    if sp.echo_prompt_logprobs and n > 1:
+        raise bad_param("n", "echo with logprobs scores each prompt once: n must be 1")
+    check_choices(len(prompts), n)
     best_of = body.int_("best_of", 1, 1 << 30)
-    if best_of is not None and best_of != max(sp.n, 1):
+    if best_of is not None and best_of != n:
         raise bad_param("best_of", "best_of must equal n: this server returns every choice it generates")
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
     _json_options(body, sp, json_output=False)
-    req = pb.GenerateRequest(prompt=prompt, sampling=sp, priority=sampling.priority(body, priority_header))
+    req = pb.GenerateRequest(sampling=sp, priority=sampling.priority(body, priority_header))
+    if isinstance(prompts[0], str):
+        req.prompt = prompts[0]  # NOTE: the one prompt of the usual request (and of a batch line)
     s = sampling.streaming(body)
-    return Parsed(req, Output(False, model, s.stream, s.include_usage, top, echo=prompt if echo else ""))
+    echoes = tuple(p if isinstance(p, str) else "" for p in prompts) if echo else ()
+    output = Output(False, model, s.stream, s.include_usage, top, echo=echoes, n=n, score=sp.echo_prompt_logprobs)
+    return Parsed(req, output, prompts)
