@@ -151,3 +151,24 @@ def test_a_batch_line_with_several_prompts_is_a_failed_item(client: openai.OpenA
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="1h")
     counts = client.batches.retrieve(batch.id).request_counts
     assert counts is not None and (counts.total, counts.failed) == (1, 1)
+
+
+def test_a_client_that_leaves_cancels_every_prompts_request(api_server: RunningServer) -> None:
+    import socket
+
+    payload = json.dumps({"model": MODEL, "prompt": PROMPTS, "max_tokens": 2000, "ignore_eos": True,
+                          "stream": True}).encode()
+    engine = api_server.engine
+
+    def cancelled() -> int:
+        return sum(t.cancelled for t in engine.metrics.tiers.values())
+
+    before = cancelled()
+    with socket.create_connection(("127.0.0.1", api_server.server.http_port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+        buf = b""
+        while buf.count(b"data: {") < 3:  # the stream started: every prompt has produced its first event
+            buf += sock.recv(65536)
+    assert_kv_clean(api_server)
+    assert cancelled() - before == 3  # all three cancelled, none ran its 2000 tokens
