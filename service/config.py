@@ -46,7 +46,7 @@ class ServerConfig:
     max_stop_strings: int = 16
     max_logit_bias: int = 1024
     grammar_timeout_s: float = 5.0
-    json_finish: str = "cut-off"
+    json_finish: str = "close"
     json_repeat_penalty: float = 0.8
     log_format: str = "text"
     log_level: str = "INFO"
@@ -126,8 +126,9 @@ HELP = {
     "max_logit_bias": "most logit_bias entries one request may carry",
     "grammar_timeout_s": "longest grammar compilation accepted",
     "json_finish": "JSON output that would not end within max_tokens, when a request leaves "
-    "SamplingParams.json_finish unset: cut-off (OUT_OF_RANGE / FINISH_REASON_LENGTH) or close "
-    "(budget-aware completion: closed early with its shortest valid completion, FINISH_REASON_CLOSED)",
+    "SamplingParams.json_finish unset: close (budget-aware completion: closed early with its shortest valid "
+    "completion, FINISH_REASON_CLOSED; a max_tokens below the shortest document is OUT_OF_RANGE) or cut-off "
+    "(OUT_OF_RANGE / FINISH_REASON_LENGTH, the behaviour before close was the default)",
     "json_repeat_penalty": "GenerateJSON's repetition control when a request leaves json_repeat_penalty unset: "
     "DRY-style penalty on tokens that would repeat a run of the document where it is free text "
     "(0 = off; docs/structured_output.md)",

@@ -101,6 +101,8 @@ class InferenceServer:
         self.engine, self.grammar = engine, grammar
         self.intake.attach(engine, builder, grammar)
         self.servicer.attach()
+        if self.http is not None:  # /tokenize and /detokenize answer as the gRPC model RPCs (the same ModelApi)
+            self.http.api.model_api = self.servicer.model_api
         self._serve_metrics(engine)
         await self.batch.start()  # requeues items a previous run left running
         await self._set_health(SERVING)

@@ -88,7 +88,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """The finished document, validated again (a cache hit too); aborts for a cut-off or cancelled one."""
         text = "".join(e.text for e in events if isinstance(e, Delta))
         if last.finish_reason is FinishReason.LENGTH:
-            closing = request.sampling.json_finish == pb.JSON_FINISH_CLOSE_WITHIN_BUDGET
+            finish = request.sampling.json_finish
+            closing = finish == pb.JSON_FINISH_CLOSE_WITHIN_BUDGET or (
+                finish == pb.JSON_FINISH_UNSPECIFIED and self.intake.builder.json.close_within_budget
+            )
             hint = "" if closing else " or set json_finish CLOSE_WITHIN_BUDGET"
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,

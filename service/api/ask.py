@@ -43,6 +43,9 @@ class Ask:
     raw_prompt: bool = False  # json_mode: do not render a bare prompt through the chat template
     cache: CacheAsk = CacheAsk()
     tenant: str | None = None  # None: the caller's (set by authentication); batch items: the job's
+    # Caller-supplied prompt token ids (HTTP completions), instead of prompt and messages: sent to the
+    # engine as they are (no tokenization, no BOS), each checked against the vocabulary.
+    prompt_ids: tuple[int, ...] = ()
 
     @classmethod
     def generate(cls, req: pb.GenerateRequest, deadline: float | None) -> Ask:

@@ -82,7 +82,7 @@ class Preparer:
             if prompt and not messages and not ask.raw_prompt and self.builder.template.from_model:
                 prompt, messages = "", [pb.ChatMessage(role="user", content=prompt)]
         priority = self.builder.priority(ask.priority)
-        ids = self.builder.prompt_ids(prompt, messages)
+        ids = self._given_ids(ask) if ask.prompt_ids else self.builder.prompt_ids(prompt, messages)
         json_output = ask.json_mode or (ask.fmt is not None and ask.fmt[0] == "json_schema")
         params = self.builder.sampling(ask.sampling, len(ids), json_mode=ask.json_mode, json_output=json_output)
         if params.stop and json_output:
@@ -93,6 +93,19 @@ class Preparer:
         if ask.json_mode and (params.n != 1 or params.echo_prompt_logprobs):
             raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
         return Plan(tuple(ids), params, priority)
+
+    def _given_ids(self, ask: Ask) -> list[int]:
+        """A prompt of the caller's token ids, checked: in the vocabulary, and room left in the context."""
+        if ask.prompt or ask.messages:
+            raise BadRequest("set prompt token ids, or prompt or messages, not both")
+        n, limit = self.builder.vocab.n_vocab, self.builder.limits.max_context
+        for i, t in enumerate(ask.prompt_ids):
+            if not 0 <= t < n:
+                raise BadRequest(f"prompt token id {t} (position {i}) is outside the vocabulary (0..{n - 1})")
+        if len(ask.prompt_ids) >= limit:
+            raise BadRequest(f"prompt is {len(ask.prompt_ids)} tokens; the context limit is {limit} tokens "
+                             "(prompt plus generated tokens)")
+        return list(ask.prompt_ids)
 
     async def _sequence(self, ask: Ask, plan: Plan, tenant: str, arrival: float) -> Sequence:
         """One choice's Sequence (event loop: cheap; the grammar compiles in its own pool)."""

@@ -50,7 +50,7 @@ class PromptLimits:
 class JsonDefaults:
     """Server defaults for JSON output (flags --json-finish and --json-repeat-penalty)."""
 
-    close_within_budget: bool = False  # JSON_FINISH_UNSPECIFIED means CLOSE_WITHIN_BUDGET
+    close_within_budget: bool = True  # JSON_FINISH_UNSPECIFIED means CLOSE_WITHIN_BUDGET (--json-finish close)
     repeat_penalty: float = 0.8  # GenerateJSON's json_repeat_penalty when unset (Generate: 0)
 
 

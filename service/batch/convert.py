@@ -11,7 +11,8 @@ from service.batch.store import DEFAULT_WINDOW_S, Job, JobSpec, JobState, Stored
 from service.request.errors import BadRequest
 
 STATES = {s: getattr(bpb, f"BATCH_STATE_{s.name}") for s in JobState}
-FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED}
+FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH, "cancelled": pb.FINISH_REASON_CANCELLED,
+          "closed": pb.FINISH_REASON_CLOSED}
 TIME_FIELDS = {s.value: f"{s.value}_at" for s in JobState if s is not JobState.VALIDATING}
 TIME_FIELDS[JobState.VALIDATING.value] = "created_at"
 MAX_WINDOW_S = 30 * 24 * 3600

@@ -15,7 +15,7 @@ from inference.v1 import batch_pb2 as bpb
 
 from service.api.intake import Intake
 from service.batch.convert import job_proto, result_proto
-from service.batch.store import StoreUnavailable
+from service.batch.store import StoreUnavailable, job_cursor
 from service.batch.store_thread import StoreThread
 from service.batch.upload import Refused, Upload
 from service.batch.worker import BatchWorker
@@ -57,6 +57,18 @@ class BatchJobs:
     async def get(self, batch_id: str) -> bpb.Batch | None:
         job = await self.db.rpc("get_job", current_tenant(), batch_id)
         return job_proto(job) if job is not None else None
+
+    async def list(self, limit: int, after: str = "") -> tuple[list[bpb.Batch], bool]:
+        """A page of the caller's jobs, newest first, after the job ``after`` (""; from the newest), and
+        whether more follow; ``LookupError`` when ``after`` is not one of the caller's jobs."""
+        tenant, token = current_tenant(), ""
+        if after:
+            job = await self.db.rpc("get_job", tenant, after)
+            if job is None:
+                raise LookupError(after)
+            token = job_cursor(job)
+        jobs, following = await self.db.rpc("list_jobs", tenant, limit, token)
+        return [job_proto(j) for j in jobs], bool(following)
 
     async def cancel(self, batch_id: str) -> bpb.Batch | None:
         job = await self.db.rpc("cancel_job", current_tenant(), batch_id)

@@ -22,6 +22,7 @@ from service.batch.store import (
     JobState,
     StoredResult,
     Usage,
+    job_cursor,
 )
 
 JOB_SELECT = """
@@ -55,7 +56,7 @@ class PgReads(PgBase):
         query += " ORDER BY j.created_at DESC, j.id DESC LIMIT %s"
         rows = self._read(lambda db: db.execute(query, (*args, limit + 1)).fetchall())
         jobs = [self._job_from_row(r) for r in rows[:limit]]
-        token = f"{jobs[-1].times[JobState.VALIDATING.value]!r}|{jobs[-1].id}" if len(rows) > limit else ""
+        token = job_cursor(jobs[-1]) if len(rows) > limit else ""
         return jobs, token
 
     def results(

@@ -18,6 +18,7 @@ from service.batch.store import (
     JobState,
     StoredResult,
     Usage,
+    job_cursor,
 )
 
 RESULT_COLUMNS = (
@@ -50,7 +51,7 @@ class SqliteReads:
         with self._lock:
             ids = [r[0] for r in self._db.execute(query, (*args, limit + 1))]
             jobs = [j for j in (self._job(self._db, i, errors=False) for i in ids[:limit]) if j is not None]
-        token = f"{jobs[-1].times[JobState.VALIDATING.value]!r}|{jobs[-1].id}" if len(ids) > limit else ""
+        token = job_cursor(jobs[-1]) if len(ids) > limit else ""
         return jobs, token
 
     def results(

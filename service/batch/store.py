@@ -139,6 +139,11 @@ class Job:
     failure: str = ""
 
 
+def job_cursor(job: Job) -> str:
+    """The ``list_jobs`` page token that continues after ``job`` (every store's: its creation time and id)."""
+    return f"{job.times[JobState.VALIDATING.value]!r}|{job.id}"
+
+
 @dataclass(frozen=True)
 class Claim:
     """An item handed to a runner: it is RUNNING in the store with this ``attempt``."""
@@ -156,7 +161,7 @@ class ItemResult:
     """The outcome of one item: text and counts, or an error (status name + message)."""
 
     text: str = ""
-    finish_reason: str = ""  # "stop", "length", "cancelled" or ""
+    finish_reason: str = ""  # "stop", "length", "cancelled", "closed" (a JSON document closed in budget) or ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -208,7 +213,8 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     def list_jobs(self, tenant: str, limit: int, page_token: str = "") -> tuple[list[Job], str]:
-        """A page of the tenant's jobs, newest first (no errors), and the next page's token ("" at the end)."""
+        """A page of the tenant's jobs, newest first (no errors), and the next page's token ("" at the end);
+        ``job_cursor(job)`` is the token that continues after ``job``."""
 
     @abc.abstractmethod
     def cancel_job(self, tenant: str, job_id: str) -> Job | None:

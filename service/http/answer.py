@@ -25,6 +25,7 @@ from inference.v1 import inference_pb2 as pb
 from service.http.errors import ApiError, from_status
 from service.http.render import Choice, Choices, Json
 from service.http.run import Run
+from service.http.runs import Runs
 from service.http.tools import tool_calls
 from service.request.errors import BadRequest
 
@@ -71,7 +72,7 @@ class Answer:
             c.tool_calls, c.finish = calls, "tool_calls"
         return c
 
-    async def complete(self, run: Run) -> Json | None:
+    async def complete(self, run: Run | Runs) -> Json | None:
         """The whole answer (None: the client left first); raises ApiError for a failed request."""
         async for ev in run.events():
             kind = ev.WhichOneof("event")
@@ -88,45 +89,57 @@ class Answer:
     # -- streaming ------------------------------------------------------------------------------
     def _st(self, index: int) -> dict[str, Any]:
         tools = self.choices.output.tools
-        return self.state.setdefault(index, {"started": False, "buffer": tools is not None, "sent": 0})
+        return self.state.setdefault(index, {"opened": False, "echoed": False, "buffer": tools is not None, "sent": 0})
 
-    def _text_chunk(self, index: int, text: str, entries: list[pb.TokenLogprob]) -> Json:
+    def _open(self, index: int) -> list[Json]:
+        """Chat: the role-only chunk, once per choice, before anything else of it (as OpenAI sends it)."""
         st = self._st(index)
-        echo = self.choices.output.echo
-        first = not st["started"]
-        offset = len(echo) + st["sent"]
-        st["started"], st["sent"] = True, st["sent"] + len(text)
-        prefix = echo if first and echo else ""
-        return self.choices.chunk(index, text=prefix + text, entries=entries, first=first, offset=offset - len(prefix))
+        if st["opened"]:
+            return []
+        st["opened"] = True
+        return [self.choices.role_chunk(index)] if self.choices.output.chat else []
+
+    def _text_chunk(self, index: int, text: str, entries: list[pb.TokenLogprob]) -> list[Json]:
+        """The chunk of new text (completions: the echoed prompt before the first); none when it would be
+        empty: a delta that completed no character and carries no logprobs is not sent."""
+        st = self._st(index)
+        echo = self.choices.echo(index)
+        prefix = "" if st["echoed"] else echo
+        st["echoed"] = True
+        if not prefix and not text and not entries:
+            return []
+        offset = len(echo) + st["sent"]  # where ``text`` starts in the choice's whole text
+        st["sent"] += len(text)
+        return [self.choices.chunk(index, text=prefix + text, entries=entries, offset=offset, echoed=bool(prefix))]
 
     def on_delta(self, d: pb.Delta) -> list[Json]:
-        """Chunks for one delta (none while a tool call is being buffered)."""
+        """Chunks for one delta (only the role chunk while a tool call is being buffered)."""
         c = self.choices.add_delta(d)
+        out = self._open(d.choice_index)
         st = self._st(d.choice_index)
         tools = self.choices.output.tools
         if st["buffer"]:
             if tools is not None and tools.mode == "auto" and c.text and not c.text.startswith("<"):
                 st["buffer"] = False  # plain text: it can no longer be a call
-                return [self._text_chunk(d.choice_index, c.text, list(c.logprobs))]
-            return []
-        if not d.text and not d.logprobs and st["started"]:
-            return []
-        return [self._text_chunk(d.choice_index, d.text, list(d.logprobs))]
+                out += self._text_chunk(d.choice_index, c.text, list(c.logprobs))
+            return out
+        return out + self._text_chunk(d.choice_index, d.text, list(d.logprobs))
 
     async def on_done(self, d: pb.Done) -> list[Json]:
         """The closing chunks of one choice; raises ApiError (sent as an error event)."""
         c = await self.finish(d)
-        st, i = self._st(d.choice_index), d.choice_index
-        out = []
+        i = d.choice_index
+        out = self._open(i)
         if c.tool_calls:
-            out.append(self.choices.chunk(i, tool_calls=c.tool_calls, first=not st["started"]))
-            st["started"] = True
-        elif st["buffer"] and c.text:  # a call cut off by max_tokens: its text, never a call
-            out.append(self._text_chunk(i, c.text, list(c.logprobs)))
-        out.append(self.choices.chunk(i, finish=c.finish, first=not st["started"]))
+            out.append(self.choices.chunk(i, tool_calls=c.tool_calls))
+        elif self._st(i)["buffer"]:  # a call cut off by max_tokens: its text, never a call
+            out += self._text_chunk(i, c.text, list(c.logprobs))
+        else:
+            out += self._text_chunk(i, "", [])  # completions: the echo of a choice that generated nothing
+        out.append(self.choices.chunk(i, finish=c.finish, closed=c.closed))
         return out
 
-    async def stream(self, first: pb.GenerateResponse, run: Run) -> AsyncIterator[Json]:
+    async def stream(self, first: pb.GenerateResponse, run: Run | Runs) -> AsyncIterator[Json]:
         """Chunks from the first event on; the last is the usage chunk when asked for."""
 
         async def events() -> AsyncIterator[pb.GenerateResponse]:

@@ -41,6 +41,7 @@ from service.http.errors import ApiError
 from service.http.render import Json
 from service.http.requests import Parsed
 from service.http.run import Run
+from service.http.runs import Runs
 from service.http.turn import Call, End, Piece, Text, Turn, Usage, run_events, stream, whole
 from service.request.errors import BadRequest
 
@@ -134,11 +135,11 @@ class MessagesDialect:
     def _turn(self, answer: Answer, parsed: Parsed) -> Turn:
         return Turn(answer, tuple(parsed.request.sampling.stop), self.intake.builder.vocab.token_bytes)
 
-    async def complete(self, answer: Answer, run: Run, parsed: Parsed) -> Json | None:
+    async def complete(self, answer: Answer, run: Run | Runs, parsed: Parsed) -> Json | None:
         writer = MessageWriter(answer.choices.request_id, self.model)
         return await whole(writer, self._turn(answer, parsed), run_events(None, run))
 
-    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run, parsed: Parsed) -> AsyncIterator[Json]:
+    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run | Runs, parsed: Parsed) -> AsyncIterator[Json]:
         writer = MessageWriter(answer.choices.request_id, self.model)
         return stream(writer, self._turn(answer, parsed), run_events(first, run))
 

@@ -6,7 +6,8 @@ Routes (docs/openai.md, docs/http-apis.md):
 * ``POST /v1/messages`` (Anthropic Messages) and ``POST /v1/messages/count_tokens``;
 * ``POST /v1/responses`` (OpenAI Responses, stateless);
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model;
-* the batch API (``service.http.batches``);
+* the batch API (``service.http.batches``); ``POST /tokenize``, ``POST /detokenize`` (vLLM's,
+  ``service.http.tokens``);
 * ``GET /health`` (200 while requests are taken, else 503) and ``GET /metrics``
   (Prometheus text: today's ``inference_*`` series and the vLLM-named ones).
 
@@ -45,6 +46,7 @@ import time
 import uuid
 from typing import Any
 
+from inference.v1 import inference_pb2 as pb
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -52,6 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.api.intake import Intake
+from service.api.model_rpcs import ModelApi
 from service.api.readiness import Need
 from service.http.answer import Answer, event_error
 from service.http.anthropic_stream import MessagesDialect
@@ -59,8 +62,10 @@ from service.http.config import HttpConfig
 from service.http.dialect import Dialect, OpenAIDialect, check_model, error_response
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
+from service.http.requests import Parsed, with_vocab
 from service.http.responses_stream import ResponsesDialect
 from service.http.run import Run, watch_disconnect
+from service.http.runs import Runs
 from service.http.sse import EventStream
 from service.request.errors import Unavailable
 from service.request.events import LOADING
@@ -71,11 +76,13 @@ log = logging.getLogger("service.http")
 
 
 class HttpApi:
-    """The routes over one intake; ``metrics`` is set once the engine runs (a prometheus_client registry)."""
+    """The routes over one intake; ``metrics`` (a prometheus_client registry) and ``model_api`` (the gRPC
+    model RPCs' ``ModelApi``, for /tokenize and /detokenize) are set once the engine runs."""
 
     def __init__(self, config: HttpConfig, intake: Intake, tenancy: Tenancy) -> None:
         self.config, self.intake, self.tenancy = config, intake, tenancy
         self.metrics: Any = None
+        self.model_api: ModelApi | None = None
         self.created = int(time.time())
         name = config.model_name
         limits = config.limits
@@ -147,9 +154,9 @@ class HttpApi:
         self.admit(request, Need.WORK)
         body = await self.body(request, self.config.max_body_bytes)
         # NOTE: parsing grows with the body (100,000 messages: a second): never on the event loop.
-        parsed = await self.intake.offload(dialect.parse, body, request.headers.get("x-priority"))
+        parsed = await self.intake.offload(self._parse, dialect, body, request.headers.get("x-priority"))
         rid = dialect.prefix + uuid.uuid4().hex
-        run = Run(self.intake, self.config.stream, rid, parsed.request)
+        run = self._start(parsed, rid)
         watcher: asyncio.Task[None] | None = watch_disconnect(request.receive, run)
         answer = Answer(Choices(parsed.output, rid), self.intake.grammar)
         try:
@@ -170,6 +177,29 @@ class HttpApi:
             if watcher is not None:
                 watcher.cancel()
                 run.abort()
+
+    def _parse(self, dialect: Dialect, body: bytes, priority: str | None) -> Parsed:
+        """Worker thread: the body as the request to run (raises ApiError 400/404); completions' token-id
+        prompts checked against the vocabulary."""
+        parsed = dialect.parse(body, priority)
+        if dialect is self.completion_dialect:
+            vocab = self.intake.builder.vocab
+            parsed = with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)
+        return parsed
+
+    def _start(self, parsed: Parsed, rid: str) -> Run | Runs:
+        """The request's run; a completions request with several prompts runs one request per prompt."""
+        if len(parsed.prompts) <= 1:
+            ids = parsed.prompts[0] if parsed.prompts and isinstance(parsed.prompts[0], tuple) else ()
+            return Run(self.intake, self.config.stream, rid, parsed.request, ids)
+        runs = []
+        for i, prompt in enumerate(parsed.prompts):
+            request = pb.GenerateRequest()
+            request.CopyFrom(parsed.request)
+            request.prompt = prompt if isinstance(prompt, str) else ""
+            ids = prompt if isinstance(prompt, tuple) else ()
+            runs.append(Run(self.intake, self.config.stream, f"{rid}-{i}", request, ids))
+        return Runs(runs, parsed.output.n)
 
     # -- models, health, metrics ---------------------------------------------------------------
     def _model_object(self) -> dict[str, Any]:

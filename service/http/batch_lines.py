@@ -23,13 +23,11 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.errors import ApiError, from_status
+from service.http.render import CLOSED_FIELD, FINISH  # a closed document: "stop", and json_closed
 from service.http.requests import parse_chat, parse_completion
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 KEY_ENDPOINT, KEY_INPUT = "openai.endpoint", "openai.input_file_id"
-# NOTE: a JSON document closed early within its budget (json_finish, --json-finish close) is complete and
-# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it).
-FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CLOSED: "stop"}
 TIMES = ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
          "expired_at", "cancelling_at", "cancelled_at")
 TERMINAL = (bpb.BATCH_STATE_COMPLETED, bpb.BATCH_STATE_FAILED, bpb.BATCH_STATE_CANCELLED, bpb.BATCH_STATE_EXPIRED)
@@ -53,6 +51,8 @@ def _item(raw: Any, endpoint: str, model: str, limits: InputLimits) -> Line:
         return (cid, str(exc))
     if parsed.output.stream or parsed.output.tools is not None:
         return (cid, "batch lines cannot stream or call tools")
+    if len(parsed.prompts) > 1 or (parsed.prompts and not isinstance(parsed.prompts[0], str)):
+        return (cid, "a batch line takes one text prompt (several prompts or token ids: one line each, as text)")
     return bpb.BatchItem(custom_id=cid, generate=parsed.request)
 
 
@@ -85,6 +85,8 @@ def _body(r: bpb.GetBatchResultsResponse, endpoint: str, model: str, created: in
     else:
         choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": finish}
         kind, prefix = "text_completion", "cmpl-"
+    if r.finish_reason == pb.FINISH_REASON_CLOSED:
+        choice[CLOSED_FIELD] = True
     u = r.usage
     usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
              "total_tokens": u.prompt_tokens + u.completion_tokens,

@@ -2,11 +2,18 @@
 
 * ``POST /v1/files`` (multipart: ``file``, ``purpose=batch``) stores a JSONL input file;
   ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content``, ``DELETE /v1/files/{id}``;
+  ``GET /v1/files`` lists the uploaded files (``limit``, ``after``, ``order``, ``purpose``);
 * ``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window``,
   ``metadata``) validates every line as the live endpoint would and creates a durable job
   (``BatchJobs.create``); ``GET /v1/batches/{id}``, ``POST /v1/batches/{id}/cancel``;
+  ``GET /v1/batches`` lists the jobs, newest first (``limit``, ``after``);
 * the job's output and error files are ``file-out-<batch id>`` and ``file-err-<batch id>``,
-  generated from the stored results once the job has ended (one line per custom_id).
+  generated from the stored results once the job has ended (one line per custom_id); their
+  ``bytes`` are counted by generating them, their ``expires_at`` is the job's deletion time.
+  They are reached through their batch, not listed (``GET /v1/files`` lists uploads).
+
+A listing is OpenAI's list object (``service.http.listing``); ``after`` must name one of the
+caller's own files or jobs (else a 400 naming ``after``).
 
 Everything is per tenant: another tenant's file or batch is a 404. Uploading a
 file and creating a batch are new work (``Need.WORK``: refused 503 while the
@@ -40,11 +47,14 @@ from service.http.batch_lines import (
 )
 from service.http.body import Body, parse_json
 from service.http.errors import ApiError, bad_param
-from service.http.files import FileStore
+from service.http.files import FileStore, Page
+from service.http.listing import list_object, list_query
 from service.request.errors import BadRequest
 
 WINDOW = re.compile(r"^([1-9][0-9]{0,2})h$")
 MAX_USER_METADATA = 14  # the job keeps 16 entries; two hold the endpoint and the input file
+MAX_FILES_PAGE = 10_000  # OpenAI's limits: files 1..10,000 (default all of them), batches 1..100 (default 20)
+DEFAULT_BATCHES_PAGE, MAX_BATCHES_PAGE = 20, 100
 
 
 class BatchJobs(Protocol):
@@ -52,6 +62,7 @@ class BatchJobs(Protocol):
 
     async def create(self, options: bpb.BatchOptions, lines: Iterable[bpb.BatchItem | tuple[str, str]]) -> bpb.Batch: ...
     async def get(self, batch_id: str) -> bpb.Batch | None: ...
+    async def list(self, limit: int, after: str = "") -> tuple[list[bpb.Batch], bool]: ...
     async def cancel(self, batch_id: str) -> bpb.Batch | None: ...
     def results(self, batch_id: str) -> AsyncIterator[bpb.GetBatchResultsResponse]: ...
 
@@ -94,14 +105,37 @@ class BatchRoutes:
                     return batch, errors
         return None
 
+    async def _lines(self, batch: bpb.Batch, errors: bool) -> AsyncIterator[bytes]:
+        """The lines of a batch's output (``errors``: error) file."""
+        async for r in self.jobs.results(batch.id):
+            failed, line = output_line(r, batch, self.api.config.model_name)
+            if failed == errors:
+                yield line
+
     async def file(self, request: Request) -> Response:
         tenant, file_id = self.api.admit(request, Need.STORE), request.path_params["file_id"]
         if (record := await self.files.get(tenant, file_id)) is not None:
             return JSONResponse(record.to_json())
         if (out := await self._output(file_id)) is not None:
-            return JSONResponse({"id": file_id, "object": "file", "bytes": None, "created_at": out[0].created_at.seconds,
-                                 "filename": f"{file_id}.jsonl", "purpose": "batch_output", "status": "processed"})
+            batch, errors = out
+            # NOTE: an output file exists only as the job's results: its size is that of the lines it
+            # would send now (one pass over the results, as a download)
+            size = sum([len(line) async for line in self._lines(batch, errors)])
+            expires = batch.delete_at.seconds if batch.HasField("delete_at") else None
+            return JSONResponse({"id": file_id, "object": "file", "bytes": size, "created_at": batch.created_at.seconds,
+                                 "filename": f"{file_id}.jsonl", "purpose": "batch_output", "status": "processed",
+                                 "expires_at": expires})
         raise _not_found("file", file_id)
+
+    async def list_files(self, request: Request) -> Response:
+        tenant = self.api.admit(request, Need.STORE)
+        q = list_query(request.query_params, MAX_FILES_PAGE, MAX_FILES_PAGE, order=True)
+        try:
+            records, more = await self.files.list(tenant, Page(q.limit, q.after, request.query_params.get("purpose"),
+                                                               q.ascending))
+        except LookupError:
+            raise bad_param("after", f"after must be the id of one of your files; no file {q.after!r}") from None
+        return JSONResponse(list_object([r.to_json() for r in records], more))
 
     async def content(self, request: Request) -> Response:
         tenant, file_id = self.api.admit(request, Need.STORE), request.path_params["file_id"]
@@ -109,15 +143,7 @@ class BatchRoutes:
             return Response(data, media_type="application/jsonl")
         if (out := await self._output(file_id)) is None:
             raise _not_found("file", file_id)
-        batch, errors = out
-
-        async def lines() -> AsyncIterator[bytes]:
-            async for r in self.jobs.results(batch.id):
-                failed, line = output_line(r, batch, self.api.config.model_name)
-                if failed == errors:
-                    yield line
-
-        return StreamingResponse(lines(), media_type="application/jsonl")
+        return StreamingResponse(self._lines(*out), media_type="application/jsonl")
 
     async def delete_file(self, request: Request) -> Response:
         tenant, file_id = self.api.admit(request, Need.STORE), request.path_params["file_id"]
@@ -164,6 +190,15 @@ class BatchRoutes:
             raise _not_found("batch", batch_id)
         return JSONResponse(batch_object(batch))
 
+    async def list_batches(self, request: Request) -> Response:
+        self.api.admit(request, Need.STORE)
+        q = list_query(request.query_params, DEFAULT_BATCHES_PAGE, MAX_BATCHES_PAGE)
+        try:
+            batches, more = await self.jobs.list(q.limit, q.after)
+        except LookupError:
+            raise bad_param("after", f"after must be the id of one of your batches; no batch {q.after!r}") from None
+        return JSONResponse(list_object([batch_object(b) for b in batches], more))
+
     async def cancel(self, request: Request) -> Response:
         self.api.admit(request, Need.STORE)
         batch_id = request.path_params["batch_id"]
@@ -174,10 +209,12 @@ class BatchRoutes:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/files", self.upload, methods=["POST"]),
+            Route("/v1/files", self.list_files, methods=["GET"]),
             Route("/v1/files/{file_id}", self.file, methods=["GET"]),
             Route("/v1/files/{file_id}", self.delete_file, methods=["DELETE"]),
             Route("/v1/files/{file_id}/content", self.content, methods=["GET"]),
             Route("/v1/batches", self.create, methods=["POST"]),
+            Route("/v1/batches", self.list_batches, methods=["GET"]),
             Route("/v1/batches/{batch_id}", self.get, methods=["GET"]),
             Route("/v1/batches/{batch_id}/cancel", self.cancel, methods=["POST"]),
         ]

@@ -77,6 +77,10 @@ def chat_request(
     if plan is not None:
         kind, source = plan.fmt
         req.response_format.CopyFrom(pb.ResponseFormat(**{kind: source}))
+        if kind == "json_schema" and req.sampling.json_finish == pb.JSON_FINISH_UNSPECIFIED:
+            # NOTE: a forced call closed early would carry made-up short arguments and still read as a
+            # call to make: cut off by max_tokens it stays text (finish "length") unless the body asks
+            req.sampling.json_finish = pb.JSON_FINISH_CUT_OFF
         return req, source if kind == "json_schema" else None
     if fmt is not None:
         req.response_format.CopyFrom(pb.ResponseFormat(json_schema=fmt.schema))

@@ -32,6 +32,7 @@ from service.http.errors import ApiError
 from service.http.render import Json
 from service.http.requests import Parsed, parse_chat, parse_completion
 from service.http.run import Run
+from service.http.runs import Runs
 from service.http.sse import DONE, event
 
 
@@ -44,8 +45,8 @@ class Dialect(Protocol):
     def trailer(self) -> bytes: ...  # after the last streamed event
     def frame(self, item: Any) -> bytes: ...
     def parse(self, body: bytes, priority: str | None) -> Parsed: ...
-    async def complete(self, answer: Answer, run: Run, parsed: Parsed) -> Json | None: ...
-    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run, parsed: Parsed) -> AsyncIterator[Any]: ...
+    async def complete(self, answer: Answer, run: Run | Runs, parsed: Parsed) -> Json | None: ...
+    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run | Runs, parsed: Parsed) -> AsyncIterator[Any]: ...
 
 
 def typed_event(payload: Json) -> bytes:
@@ -90,8 +91,8 @@ class OpenAIDialect:
         check_model(raw.get("model"), self.model)
         return parsed
 
-    async def complete(self, answer: Answer, run: Run, parsed: Parsed) -> Json | None:
+    async def complete(self, answer: Answer, run: Run | Runs, parsed: Parsed) -> Json | None:
         return await answer.complete(run)
 
-    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run, parsed: Parsed) -> AsyncIterator[Json]:
+    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run | Runs, parsed: Parsed) -> AsyncIterator[Json]:
         return answer.stream(first, run)

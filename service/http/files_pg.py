@@ -41,7 +41,16 @@ from psycopg import Connection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from service.http.files import FileRecord, FilesUnavailable, new_record
+from service.http.files import (
+    COLUMNS,
+    FileRecord,
+    FilesUnavailable,
+    Page,
+    new_record,
+    page_query,
+    paged,
+    record_of,
+)
 
 log = logging.getLogger("service.http")
 T = TypeVar("T")
@@ -58,6 +67,7 @@ SCHEMA = (
         id text PRIMARY KEY, tenant text NOT NULL, filename text NOT NULL, purpose text NOT NULL,
         bytes bigint NOT NULL, created_at double precision NOT NULL, data bytea NOT NULL)""",
     f"CREATE INDEX IF NOT EXISTS {TABLE}_created ON {TABLE} (created_at)",
+    f"CREATE INDEX IF NOT EXISTS {TABLE}_tenant ON {TABLE} (tenant, created_at)",
 )
 # NOTE: as the batch store's: a database that does not answer, or a cut link, is an error within seconds
 CONNECT_KWARGS: dict[str, Any] = {
@@ -187,16 +197,32 @@ class PgFileStore:
             )
 
     def _put(self, tenant: str, filename: str, purpose: str, data: bytes) -> FileRecord:
-        record = new_record(filename, purpose, data, self.clock())
+        record = new_record(filename, purpose, data, self.clock(), self.retention_s)
         self._run(lambda conn: self._insert(conn, tenant, record, data, record.created_at - self.retention_s))
         return record
 
     def _get(self, tenant: str, file_id: str) -> FileRecord | None:
         row = self._run(lambda conn: conn.execute(
-            f"SELECT id, filename, purpose, bytes, created_at FROM {TABLE} WHERE id = %s AND tenant = %s",
-            (file_id, tenant),
+            f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %s AND tenant = %s", (file_id, tenant)
         ).fetchone())
-        return FileRecord(row[0], row[1], row[2], int(row[3]), float(row[4])) if row else None
+        return record_of(row, self.retention_s) if row else None
+
+    def _list(self, tenant: str, page: Page) -> tuple[list[FileRecord], bool]:
+        def read(conn: Conn) -> list[Any] | None:
+            cursor = None
+            if page.after:
+                row = conn.execute(f"SELECT created_at FROM {TABLE} WHERE id = %s AND tenant = %s",
+                                   (page.after, tenant)).fetchone()
+                if row is None:
+                    return None
+                cursor = float(row[0])
+            tail, args = page_query(page, cursor, "%s")
+            return conn.execute(f"SELECT {COLUMNS} FROM {TABLE} WHERE tenant = %s{tail}", (tenant, *args)).fetchall()
+
+        rows = self._run(read)
+        if rows is None:
+            raise LookupError(page.after)
+        return paged([record_of(r, self.retention_s) for r in rows], page.limit)
 
     def _content(self, tenant: str, file_id: str) -> bytes | None:
         row = self._run(lambda conn: conn.execute(
@@ -224,6 +250,9 @@ class PgFileStore:
 
     async def delete(self, tenant: str, file_id: str) -> bool:
         return await self._call(self._delete, tenant, file_id)
+
+    async def list(self, tenant: str, page: Page) -> tuple[list[FileRecord], bool]:
+        return await self._call(self._list, tenant, page)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)

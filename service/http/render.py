@@ -2,13 +2,20 @@
 
 ``Choices`` follows one request's events: text, log-probabilities and finish
 reasons per choice, and the usage of the whole request. The same state feeds
-a complete response (``response``) and stream chunks (``chunk_for``), so a
+a complete response (``response``) and stream chunks (``chunk``), so a
 streamed and an unstreamed answer can only differ in framing.
+
+A completions request with several prompts has ``Output.n`` choices per
+prompt: choice ``i`` belongs to prompt ``i // n``, whose echo it shows and
+whose prompt tokens count once in the usage. With ``echo`` and ``logprobs``
+a choice's ``logprobs`` start with its prompt's tokens: the first one with a
+null logprob (nothing comes before it), then each scored by the model.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +23,11 @@ from inference.v1 import inference_pb2 as pb
 
 from service.http.requests import Output
 
-# NOTE: a JSON document closed early within its budget (json_finish, --json-finish close) is complete and
-# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it).
+# NOTE: a JSON document closed early within its budget (json_finish close, the default) is complete and
+# valid: "stop" (OpenAI's "length" means cut off, and the SDK's parse helper refuses it); the choice then
+# carries the extension field CLOSED_FIELD (true), absent otherwise (docs/openai.md).
 FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CLOSED: "stop"}
+CLOSED_FIELD = "json_closed"
 Json = dict[str, Any]
 
 
@@ -32,19 +41,26 @@ def chat_logprob(e: pb.TokenLogprob) -> Json:
     return {"token": _token(e.token), "logprob": e.logprob, "bytes": list(e.token), "top_logprobs": top}
 
 
-def completion_logprobs(entries: list[pb.TokenLogprob], offset: int) -> Json:
-    """A completions ``logprobs`` object (``text_offset`` counts characters from ``offset``)."""
-    tokens, offsets = [], []
-    for e in entries:
-        offsets.append(offset)
-        tokens.append(_token(e.token))
-        offset += len(tokens[-1])
-    return {
-        "tokens": tokens,
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{_token(t.token): t.logprob for t in e.top_logprobs} for e in entries],
-        "text_offset": offsets,
-    }
+def completion_logprobs(entries: Sequence[pb.TokenLogprob], offset: int, head: str | None = None) -> Json:
+    """A completions ``logprobs`` object (``text_offset`` counts characters from ``offset``); ``head``: a
+    first token without a logprob (a prompt's first token, echoed with logprobs)."""
+    out: Json = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    rows: list[tuple[str, float | None, dict[str, float] | None]] = [] if head is None else [(head, None, None)]
+    rows += [(_token(e.token), e.logprob, {_token(t.token): t.logprob for t in e.top_logprobs}) for e in entries]
+    for token, logprob, top in rows:
+        out["tokens"].append(token)
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(token)
+    return out
+
+
+def first_token(prompt: str, scored: Sequence[pb.TokenLogprob]) -> str:
+    """The text of a prompt's first token: what its scored tokens (all after the first) leave of it
+    ("" when the first is a BOS the text does not show)."""
+    whole, rest = prompt.encode(), b"".join(e.token for e in scored)
+    return _token(whole[: len(whole) - len(rest)]) if whole.endswith(rest) else ""
 
 
 @dataclass
@@ -53,6 +69,8 @@ class Choice:
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)
     finish: str | None = None
     tool_calls: list[Json] | None = None
+    closed: bool = False  # a JSON document closed early within its budget (finish "stop")
+    prompt_logprobs: list[pb.TokenLogprob] = field(default_factory=list)  # echo with logprobs: tokens 1..
 
 
 @dataclass
@@ -63,26 +81,45 @@ class Choices:
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, Choice] = field(default_factory=dict)
-    prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    prompts: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt -> (its tokens, cached ones)
 
     def get(self, index: int) -> Choice:
         return self.choices.setdefault(index, Choice())
+
+    def prompt_of(self, index: int) -> int:
+        """The prompt choice ``index`` belongs to (several prompts: ``Output.n`` choices each)."""
+        return index // self.output.n if self.output.n else 0
+
+    def echo(self, index: int) -> str:
+        """The echoed prompt of choice ``index`` ("" without echo)."""
+        return self.output.echo[self.prompt_of(index)] if self.output.echo else ""
 
     def add_delta(self, d: pb.Delta) -> Choice:
         choice = self.get(d.choice_index)
         choice.text += d.text
         choice.logprobs.extend(d.logprobs)
+        choice.prompt_logprobs.extend(d.prompt_logprobs)
         return choice
 
     def add_done(self, d: pb.Done) -> Choice:
         choice = self.get(d.choice_index)
         choice.finish = FINISH[d.finish_reason]
-        self.prompt_tokens = d.usage.prompt_tokens
+        choice.closed = d.finish_reason == pb.FINISH_REASON_CLOSED
         self.completion_tokens += d.usage.completion_tokens
-        self.cached_tokens = max(self.cached_tokens, min(d.usage.cached_tokens, d.usage.prompt_tokens))
+        prompt = self.prompt_of(d.choice_index)
+        cached = max(self.prompts.get(prompt, (0, 0))[1], min(d.usage.cached_tokens, d.usage.prompt_tokens))
+        self.prompts[prompt] = (d.usage.prompt_tokens, cached)  # NOTE: a prompt counts once, whatever its n
         return choice
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(tokens for tokens, _ in self.prompts.values())
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache, each prompt counted once."""
+        return sum(cached for _, cached in self.prompts.values())
 
     def usage(self) -> Json:
         return {
@@ -99,12 +136,18 @@ class Choices:
             kind = "text_completion"
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.output.model}
 
-    def _logprobs(self, entries: list[pb.TokenLogprob], offset: int = 0) -> Json | None:
+    def _logprobs(self, entries: list[pb.TokenLogprob], offset: int = 0, prompt_of: int | None = None) -> Json | None:
+        """The logprobs object of ``entries``; with ``prompt_of`` (a choice index; echo with logprobs) its
+        prompt's tokens first."""
         if self.output.logprobs is None:
             return None
         if self.output.chat:
             return {"content": [chat_logprob(e) for e in entries], "refusal": None}
-        return completion_logprobs(entries, offset)
+        if prompt_of is None or not self.output.score:
+            return completion_logprobs(entries, offset)
+        scored = self.get(prompt_of).prompt_logprobs
+        # NOTE: the prompt's tokens start the text: the object starts at offset 0, whatever ``offset``
+        return completion_logprobs([*scored, *entries], 0, first_token(self.echo(prompt_of), scored))
 
     def _message(self, c: Choice) -> Json:
         message: Json = {"role": "assistant", "content": None if c.tool_calls else c.text, "refusal": None}
@@ -118,31 +161,44 @@ class Choices:
         rows = []
         for i, c in sorted(self.choices.items()):
             if self.output.chat:
-                rows.append({"index": i, "message": self._message(c), "logprobs": self._logprobs(c.logprobs),
-                             "finish_reason": c.finish})
+                row = {"index": i, "message": self._message(c), "logprobs": self._logprobs(c.logprobs),
+                       "finish_reason": c.finish}
             else:
-                text = self.output.echo + c.text
-                rows.append({"index": i, "text": text, "logprobs": self._logprobs(c.logprobs, len(self.output.echo)),
-                             "finish_reason": c.finish})
+                echo = self.echo(i)
+                row = {"index": i, "text": echo + c.text, "logprobs": self._logprobs(c.logprobs, len(echo), i),
+                       "finish_reason": c.finish}
+            if c.closed:
+                row[CLOSED_FIELD] = True
+            rows.append(row)
         out["choices"] = rows
         out["usage"] = self.usage()
         return out
 
+    def role_chunk(self, index: int) -> Json:
+        """A chat stream's first chunk of choice ``index``: the role alone, as OpenAI sends it."""
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
     def chunk(self, index: int, *, text: str = "", entries: list[pb.TokenLogprob] | None = None,
-              finish: str | None = None, first: bool = False, tool_calls: list[Json] | None = None,
-              offset: int = 0) -> Json:
-        """One stream chunk of choice ``index``."""
-        out = self._envelope(chunk=True)
-        logprobs = self._logprobs(entries or [], offset) if entries else None
+              finish: str | None = None, tool_calls: list[Json] | None = None, offset: int = 0,
+              closed: bool = False, echoed: bool = False) -> Json:
+        """One stream chunk of choice ``index`` (chat: after its ``role_chunk``; ``echoed``: completions, the
+        chunk that starts with the echoed prompt, whose logprobs then start with the prompt's)."""
+        scored = echoed and self.output.score
+        logprobs = self._logprobs(entries or [], offset, index if scored else None) if entries or scored else None
         if self.output.chat:
-            delta: Json = {"role": "assistant"} if first else {}
-            if text or first:
-                delta["content"] = text if not tool_calls else None
+            delta: Json = {"content": text} if text else {}
             if tool_calls:
                 delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(tool_calls)]
             row: Json = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             row = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if closed:
+            row[CLOSED_FIELD] = True
+        return self._chunk(row)
+
+    def _chunk(self, row: Json) -> Json:
+        out = self._envelope(chunk=True)
         out["choices"] = [row]
         if self.output.include_usage:
             out["usage"] = None

@@ -9,22 +9,27 @@ schema to validate the final document against, and the echoed prompt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
+from service.api.request_builder import MAX_JSON_REPEAT_PENALTY
 from service.http import sampling
 from service.http.body import Body, JsonObject
 from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
 from service.http.errors import bad_param
 from service.http.messages import chat_messages
+from service.http.prompts import Prompt, check_choices, check_ids, prompts_of, text_of
 from service.http.tools import ToolPlan, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+JSON_OPTIONS = ("json_finish", "json_repeat_penalty")  # extensions: SamplingParams' fields of the same names
 CHAT = (*sampling.SHARED, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format",
-        "tools", "tool_choice", "modalities", "stop")
-COMPLETION = (*sampling.SHARED, "prompt", "echo", "logprobs", "best_of", "suffix")
+        "tools", "tool_choice", "modalities", "stop", *JSON_OPTIONS)
+COMPLETION = (*sampling.SHARED, "prompt", "echo", "logprobs", "best_of", "suffix", *JSON_OPTIONS)
+JSON_FINISH = {"close": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET, "cut-off": pb.JSON_FINISH_CUT_OFF}
 REFUSED = {  # OpenAI parameters with no meaning here: a 400 naming them (docs/openai.md)
     "functions": "use tools", "function_call": "use tool_choice", "audio": "this model has no audio output",
     "prediction": "predicted outputs are not supported", "web_search_options": "no web search here",
@@ -43,13 +48,29 @@ class Output:
     logprobs: int | None = None  # None: no logprobs; chat: top_logprobs; completions: the logprobs integer
     schema: str | None = None  # JSON Schema the final document must validate against (finish stop)
     tools: ToolPlan | None = None
-    echo: str = ""  # completions: the prompt, put before the text
+    echo: tuple[str, ...] = ()  # completions with echo: each prompt's text, put before its choices' text
+    n: int = 0  # completions: choices per prompt (choice i belongs to prompt i // n); 0: one prompt
+    score: bool = False  # completions, echo with logprobs: the prompt's tokens lead each choice's logprobs
 
 
 @dataclass(frozen=True)
 class Parsed:
-    request: pb.GenerateRequest  # request_id is set by the caller
+    """``request`` (its request_id set by the caller) runs once per prompt of ``prompts`` (completions;
+    chat: none, the request has its messages), with the prompt put in."""
+
+    request: pb.GenerateRequest
     output: Output
+    prompts: tuple[Prompt, ...] = ()
+
+
+def with_vocab(parsed: Parsed, n_vocab: int, token_bytes: Sequence[bytes]) -> Parsed:
+    """Completions: token-id prompts checked against the vocabulary (a 400 naming ``prompt``), and
+    echoed as their text."""
+    check_ids(parsed.prompts, n_vocab)
+    if not parsed.output.echo:
+        return parsed
+    echo = tuple(text_of(p, token_bytes) for p in parsed.prompts)
+    return replace(parsed, output=replace(parsed.output, echo=echo))
 
 
 def _refuse(raw: JsonObject) -> None:
@@ -77,6 +98,23 @@ def _response_format(body: Body) -> Format | None:
     return json_schema(spec.get("schema"), "response_format.json_schema.schema")
 
 
+def _json_options(body: Body, sp: pb.SamplingParams, json_output: bool) -> None:
+    """The extensions ``json_finish`` ("close" or "cut-off"; unset: the server's --json-finish) and
+    ``json_repeat_penalty`` (0 .. 5) into ``sp``; both need JSON output (a json_schema or json_object
+    ``response_format``, or a named or required tool call)."""
+    finish = body.str_("json_finish")
+    if finish is not None and finish not in JSON_FINISH:
+        raise bad_param("json_finish", "json_finish must be 'close' or 'cut-off'")
+    penalty = body.num("json_repeat_penalty", 0.0, MAX_JSON_REPEAT_PENALTY)
+    if not json_output and (finish == "close" or penalty):
+        name = "json_finish" if finish == "close" else "json_repeat_penalty"
+        raise bad_param(name, f"{name} needs JSON output: a json_schema or json_object response_format")
+    if finish is not None:
+        sp.json_finish = JSON_FINISH[finish]  # NOTE: unset, a forced tool call stays cut off (chat_request)
+    if penalty is not None:
+        sp.json_repeat_penalty = penalty
+
+
 def _chat_logprobs(body: Body) -> int | None:
     on = body.bool_("logprobs")
     top = body.int_("top_logprobs", 0, 20)
@@ -99,21 +137,22 @@ def parse_chat(raw: JsonObject, model: str, priority_header: str | None, limits:
     top = _chat_logprobs(body)
     sp = sampling.sampling_params(body, sampling.max_tokens(body, None), limits)
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
+    _json_options(body, sp, fmt is not None or (plan is not None and plan.fmt[0] == "json_schema"))
     req, schema = chat_request(messages, sp, sampling.priority(body, priority_header), plan, fmt)
     s = sampling.streaming(body)
     return Parsed(req, Output(True, model, s.stream, s.include_usage, top, schema, plan))
 
 
-def _prompt(body: Body) -> str:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise bad_param(
-            "prompt", "prompt must be a string (or an array of one string): token-id and multi-prompt "
-            "requests are not supported; send one request per prompt"
-        )
-    return prompt
+def _completion_sampling(body: Body, score: bool, limits: InputLimits) -> pb.SamplingParams:
+    """The sampling parameters; scoring (echo with logprobs) may ask for ``max_tokens: 0``: the prompt's
+    logprobs alone, nothing generated."""
+    if score and body.get("max_tokens") == 0:
+        rest = Body({k: v for k, v in body.raw.items() if k != "max_tokens"}, COMPLETION)
+        sp = sampling.sampling_params(rest, 0, limits)
+    else:
+        sp = sampling.sampling_params(body, sampling.max_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS), limits)
+    sp.echo_prompt_logprobs = score
+    return sp
 
 
 def parse_completion(
@@ -122,18 +161,25 @@ def parse_completion(
     """A (legacy) Completions body; raises ApiError 400 naming the first bad parameter."""
     body = Body(raw, COMPLETION)
     body.str_("model", required=True)
-    prompt = _prompt(body)
+    prompts = prompts_of(body.get("prompt"))
     if body.str_("suffix"):
         raise bad_param("suffix", "suffix (insertion) is not supported by this server")
     top = body.int_("logprobs", 0, 20)
     echo = bool(body.bool_("echo"))
-    if echo and top is not None:
-        raise bad_param("echo", "echo with logprobs is not supported by this server")
-    sp = sampling.sampling_params(body, sampling.max_tokens(body, COMPLETIONS_DEFAULT_MAX_TOKENS), limits)
+    sp = _completion_sampling(body, echo and top is not None, limits)
+    n = max(sp.n, 1)
+    if sp.echo_prompt_logprobs and n > 1:
+        raise bad_param("n", "echo with logprobs scores each prompt once: n must be 1")
+    check_choices(len(prompts), n)
     best_of = body.int_("best_of", 1, 1 << 30)
-    if best_of is not None and best_of != max(sp.n, 1):
+    if best_of is not None and best_of != n:
         raise bad_param("best_of", "best_of must equal n: this server returns every choice it generates")
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
-    req = pb.GenerateRequest(prompt=prompt, sampling=sp, priority=sampling.priority(body, priority_header))
+    _json_options(body, sp, json_output=False)
+    req = pb.GenerateRequest(sampling=sp, priority=sampling.priority(body, priority_header))
+    if isinstance(prompts[0], str):
+        req.prompt = prompts[0]  # NOTE: the one prompt of the usual request (and of a batch line)
     s = sampling.streaming(body)
-    return Parsed(req, Output(False, model, s.stream, s.include_usage, top, echo=prompt if echo else ""))
+    echoes = tuple(p if isinstance(p, str) else "" for p in prompts) if echo else ()
+    output = Output(False, model, s.stream, s.include_usage, top, echo=echoes, n=n, score=sp.echo_prompt_logprobs)
+    return Parsed(req, output, prompts)

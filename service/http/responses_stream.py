@@ -38,6 +38,7 @@ from service.http.render import Json
 from service.http.requests import Parsed
 from service.http.responses import ResponsesParsed, parse_responses
 from service.http.run import Run
+from service.http.runs import Runs
 from service.http.turn import Call, End, Piece, Text, Turn, run_events, stream, whole
 
 
@@ -158,8 +159,8 @@ class ResponsesDialect:
         assert isinstance(parsed, ResponsesParsed)
         return ResponseWriter(answer.choices.request_id, self.model, parsed.echo)
 
-    async def complete(self, answer: Answer, run: Run, parsed: Parsed) -> Json | None:
+    async def complete(self, answer: Answer, run: Run | Runs, parsed: Parsed) -> Json | None:
         return await whole(self._writer(answer, parsed), Turn(answer), run_events(None, run))
 
-    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run, parsed: Parsed) -> AsyncIterator[Json]:
+    def events(self, answer: Answer, first: pb.GenerateResponse, run: Run | Runs, parsed: Parsed) -> AsyncIterator[Json]:
         return stream(self._writer(answer, parsed), Turn(answer), run_events(first, run))

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from inference.v1 import inference_pb2 as pb
 
@@ -32,15 +33,23 @@ from service.request.events import Error, Event
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
+class Abortable(Protocol):
+    """What ends when the client leaves: a ``Run``, or the runs of several prompts (``service.http.runs``)."""
+
+    def abort(self) -> None: ...
+
+
 class Run:
     """The events of one request; ``abort`` cancels it (idempotent) and ends ``events``."""
 
-    def __init__(self, intake: Intake, limits: StreamLimits, request_id: str, request: pb.GenerateRequest) -> None:
+    def __init__(self, intake: Intake, limits: StreamLimits, request_id: str, request: pb.GenerateRequest,
+                 prompt_ids: tuple[int, ...] = ()) -> None:
         request.request_id = self.request_id = request_id
         self.limits = limits
         self.queue: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()
         self.aborted = False
-        self.flight = intake.start(Ask.generate(request, None), self._on_event)
+        ask = replace(Ask.generate(request, None), prompt_ids=prompt_ids)  # ids: a completions token-id prompt
+        self.flight = intake.start(ask, self._on_event)
         self.backlog = Backlog(limits, False, self.flight.pause, self._on_stall)
 
     def _on_event(self, event: Event, terminal: bool) -> None:
@@ -79,7 +88,7 @@ class Run:
         self.queue.put_nowait(None)
 
 
-def watch_disconnect(receive: Receive, run: Run) -> asyncio.Task[None]:
+def watch_disconnect(receive: Receive, run: Abortable) -> asyncio.Task[None]:
     """A task that aborts ``run`` when the client disconnects; cancel it once the response is sent."""
 
     async def watch() -> None:

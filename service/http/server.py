@@ -31,6 +31,7 @@ from service.http.app import HttpApi, make_app
 from service.http.batches import BatchJobs, BatchRoutes
 from service.http.config import HttpConfig
 from service.http.files import FileStore, SqliteFileStore
+from service.http.tokens import TokenRoutes
 from service.security.tenancy import Tenancy
 from service.security.tls import RotatingSSLContext
 
@@ -68,7 +69,7 @@ class HttpFrontEnd:
         self.config = config
         self.api = HttpApi(config, intake, tenancy)
         self.files = open_files(config)  # a bad SQLite path fails here; a PostgreSQL store connects later
-        self.routes = self.api.routes()
+        self.routes = self.api.routes() + TokenRoutes(self.api).routes()
         if jobs is not None:
             self.routes += BatchRoutes(self.api, jobs, self.files).routes()
         self.tls = RotatingSSLContext(config.tls_cert, config.tls_key, config.tls_client_ca or None) \

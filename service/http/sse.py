@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from service.http.errors import ApiError
-from service.http.run import Run
+from service.http.run import Abortable
 
 log = logging.getLogger("service.http")
 HEADERS = [
@@ -41,7 +41,7 @@ def event(obj: Any) -> bytes:
 class EventStream(Response):
     """An SSE response over ``chunks``; ``watcher`` is the request's disconnect watch (cancelled at the end)."""
 
-    def __init__(self, chunks: AsyncIterator[Any], run: Run, watcher: asyncio.Task[None],
+    def __init__(self, chunks: AsyncIterator[Any], run: Abortable, watcher: asyncio.Task[None],
                  frame: Callable[[Any], bytes] = event, trailer: bytes = DONE) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.chunks, self.run, self.watcher = chunks, run, watcher

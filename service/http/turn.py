@@ -31,6 +31,7 @@ from service.http.answer import Answer, cancelled, event_error
 from service.http.errors import ApiError
 from service.http.render import Json
 from service.http.run import Run
+from service.http.runs import Runs
 
 log = logging.getLogger("service.http")
 
@@ -131,7 +132,7 @@ class Turn:
         return End(finish, usage, stop)
 
 
-async def run_events(first: pb.GenerateResponse | None, run: Run) -> AsyncIterator[pb.GenerateResponse]:
+async def run_events(first: pb.GenerateResponse | None, run: Run | Runs) -> AsyncIterator[pb.GenerateResponse]:
     """``first`` (the event the status line waited for), then the run's other events."""
     if first is not None:
         yield first

@@ -3,7 +3,7 @@
 Commands::
 
     inference-client generate PROMPT [sampling options] [--chat] [--priority batch]
-    inference-client json --schema FILE PROMPT [--close] [--raw] [--repeat-penalty X]
+    inference-client json --schema FILE PROMPT [--close | --cut-off] [--raw] [--repeat-penalty X]
     inference-client metrics [--json]
     inference-client health [--service NAME]
     inference-client tokenize TEXT [--chat] [--ids|--json]   (and detokenize, count, info: cli_model.py)
@@ -102,8 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     js.add_argument("--schema", required=True, metavar="FILE", help="JSON Schema file")
     js.add_argument("--compact", action="store_true", help="print the document on one line")
     js.add_argument("--raw", action="store_true", help="send the prompt as it is (default: as one chat turn)")
-    js.add_argument(
-        "--close", action="store_true", help="close the document within --max-tokens (budget-aware completion)"
+    finish = js.add_mutually_exclusive_group()
+    finish.add_argument(
+        "--close", action="store_true",
+        help="close the document within --max-tokens (budget-aware completion; the server's default)",
+    )
+    finish.add_argument(
+        "--cut-off", action="store_true", help="cut the document off at --max-tokens instead (an OUT_OF_RANGE error)"
     )
     js.add_argument("--repeat-penalty", type=float, help="repetition control inside the document (0 = off)")
     _add_sampling(js)
@@ -195,8 +200,8 @@ def cmd_json(client: InferenceClient, args: argparse.Namespace) -> int:
     options = _sampling(args)
     if args.raw:
         options["raw_prompt"] = True
-    if args.close:
-        options["json_finish"] = "close_within_budget"
+    if args.close or args.cut_off:
+        options["json_finish"] = "close_within_budget" if args.close else "cut_off"
     if args.repeat_penalty is not None:
         options["json_repeat_penalty"] = args.repeat_penalty
     resp = client.generate_json_response(_read_schema(args.schema), **prompt_input(args), **options)

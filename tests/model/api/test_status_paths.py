@@ -50,7 +50,11 @@ INFERENCE: list[tuple[str, Callable[[grpc.Channel], Any], grpc.StatusCode, str]]
      grpc.StatusCode.INVALID_ARGUMENT, "stop strings cannot be combined with a JSON Schema"),
     ("json: empty prompt", lambda ch: stub(ch).GenerateJSON(json_req(prompt=""), timeout=60),
      grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
-    ("json: cut off at max_tokens", lambda ch: stub(ch).GenerateJSON(json_req(max_tokens=2), timeout=60),
+    ("json: max_tokens below the shortest document (closing is the default)",
+     lambda ch: stub(ch).GenerateJSON(json_req(max_tokens=2), timeout=60),
+     grpc.StatusCode.OUT_OF_RANGE, "is below the shortest valid document for this schema"),
+    ("json: cut off at max_tokens", lambda ch: stub(ch).GenerateJSON(
+        json_req(max_tokens=2, json_finish=pb.JSON_FINISH_CUT_OFF), timeout=60),
      grpc.StatusCode.OUT_OF_RANGE, "JSON document cut off at max_tokens=2"),
     ("json: only-if-cached with the cache off", lambda ch: stub(ch).GenerateJSON(
         pb.GenerateJSONRequest(prompt="JSON:", json_schema=OBJECT, sampling=pb.SamplingParams(temperature=0.0),

@@ -116,6 +116,19 @@ def test_json_prints_the_document(server: Any, tmp_path: Path) -> None:
     assert set(doc) == {"name", "age"} and isinstance(doc["age"], int)
 
 
+@pytest.mark.model
+def test_json_closes_within_max_tokens_by_default_and_cut_off_asks_for_the_old_error(server: Any, tmp_path: Path) -> None:
+    schema = tmp_path / "team.json"
+    schema.write_text(json.dumps({"type": "object", "required": ["names"], "properties": {
+        "names": {"type": "array", "minItems": 6, "items": {"type": "string", "minLength": 3}}}}))
+    args = ["--target", server.target, "json", "--schema", str(schema), "A team as JSON:", "--temperature", "0",
+            "--max-tokens", "30"]
+    closed = run(*args)
+    assert closed.returncode == 0, closed.stderr
+    assert len(json.loads(closed.stdout)["names"]) >= 6 and "closed-early" in closed.stderr
+    assert_clean_error(run(*args, "--cut-off"), "OUT_OF_RANGE")
+
+
 def test_json_with_unreadable_or_malformed_schema(tmp_path: Path) -> None:
     proc = run("--target", dead_target(), "json", "--schema", str(tmp_path / "missing.json"), "x")
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr

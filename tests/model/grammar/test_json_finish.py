@@ -1,7 +1,8 @@
 """Structured output that finishes, with the real model and a real server.
 
-Budget-aware completion (json_finish CLOSE_WITHIN_BUDGET), its up-front
-refusal, repetition control and penalties on the wire, GenerateJSON's
+Budget-aware completion (json_finish CLOSE_WITHIN_BUDGET, the server's
+default: --json-finish close), the old cut-off one option away
+(JSON_FINISH_CUT_OFF), the up-front refusal, repetition control and penalties on the wire, GenerateJSON's
 defaults (chat template for a bare prompt, compact or pretty layout) and the
 document metrics.
 """
@@ -46,7 +47,19 @@ TEAM = {
     },
     "required": ["team", "members"],
 }
+REVIEW = {
+    "type": "object",
+    "properties": {
+        "product": {"type": "string"},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "pros": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+        "cons": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "summary": {"type": "string"},
+    },
+    "required": ["product", "rating", "pros", "cons", "summary"],
+}
 CLOSE = pb.JSON_FINISH_CLOSE_WITHIN_BUDGET
+CUT_OFF = pb.JSON_FINISH_CUT_OFF
 
 
 def generate_json(channel: grpc.Channel, schema: dict[str, Any], **sampling: Any) -> pb.GenerateJSONResponse:
@@ -84,9 +97,19 @@ def test_below_the_minimum_is_refused_up_front_naming_it(channel: grpc.Channel) 
     assert f"raise max_tokens to at least {minimum}" in (err.value.details() or "")
 
 
-def test_without_the_option_a_long_document_is_still_cut_off(channel: grpc.Channel) -> None:
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_by_default_a_review_closes_within_its_budget(channel: grpc.Channel, seed: int) -> None:
+    req = pb.GenerateJSONRequest(prompt="Write a detailed review of a laptop as JSON.", json_schema=json.dumps(REVIEW),
+                                 sampling=pb.SamplingParams(max_tokens=256, seed=seed))
+    resp = pb_grpc.InferenceServiceStub(channel).GenerateJSON(req, timeout=300)  # no json_finish: the default
+    assert resp.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_CLOSED)
+    assert resp.usage.completion_tokens <= 256
+    jsonschema.validate(json.loads(resp.json), REVIEW)
+
+
+def test_with_cut_off_a_long_document_is_still_cut_off(channel: grpc.Channel) -> None:
     with pytest.raises(grpc.RpcError) as err:
-        generate_json(channel, TEAM, max_tokens=12, temperature=0.0)
+        generate_json(channel, TEAM, max_tokens=12, temperature=0.0, json_finish=CUT_OFF)
     assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
     assert "or set json_finish CLOSE_WITHIN_BUDGET" in (err.value.details() or "")
 
@@ -113,7 +136,7 @@ def test_document_metrics_count_each_ending(server: RunningServer, channel: grpc
     minimum = shortest(channel, TEAM)
     closed = generate_json(channel, TEAM, max_tokens=minimum, temperature=0.0, json_finish=CLOSE)
     with pytest.raises(grpc.RpcError):
-        generate_json(channel, TEAM, max_tokens=minimum, temperature=0.0)
+        generate_json(channel, TEAM, max_tokens=minimum, temperature=0.0, json_finish=CUT_OFF)
     natural = generate_json(channel, {"type": "boolean"}, temperature=0.0)
     after = stub.GetMetrics(pb.GetMetricsRequest()).grammar
     assert closed.finish_reason == pb.FINISH_REASON_CLOSED

@@ -147,7 +147,8 @@ def test_truncated_json_is_an_error_not_a_document(channel: grpc.Channel) -> Non
     with pytest.raises(grpc.RpcError) as info:
         stub.GenerateJSON(
             pb.GenerateJSONRequest(
-                prompt="List:", json_schema=json.dumps(schema), sampling=pb.SamplingParams(max_tokens=8)
+                prompt="List:", json_schema=json.dumps(schema),
+                sampling=pb.SamplingParams(max_tokens=8, json_finish=pb.JSON_FINISH_CUT_OFF),
             )
         )
     assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE

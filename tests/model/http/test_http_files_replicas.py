@@ -1,6 +1,6 @@
 """The HTTP batch API on two replicas of one PostgreSQL store (round-robin behind a load balancer):
-a file uploaded through one replica is there on the other, so the batch is created on B from A's
-upload and read back on A. The uploaded files live in the shared database, not in a SQLite file
+a file uploaded through one replica is there on the other (and in its listing), so the batch is created
+on B from A's upload and read back (and listed) on A. The uploaded files live in the shared database, not in a SQLite file
 named after the URL (which used to be made under a ``postgresql:`` directory of the working directory).
 """
 
@@ -86,6 +86,7 @@ def test_a_file_uploaded_to_one_replica_makes_a_batch_on_another(two_servers: Tw
         seen = b.get(f"/v1/files/{file_id}")  # the next replica behind round-robin
         assert seen.status_code == 200 and seen.json()["bytes"] == len(data), seen.text
         assert b.get(f"/v1/files/{file_id}/content").content == data
+        assert [f["id"] for f in b.get("/v1/files").json()["data"]] == [file_id]  # listed on B too
 
         created = b.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
                                               "completion_window": "24h"})
@@ -95,10 +96,14 @@ def test_a_file_uploaded_to_one_replica_makes_a_batch_on_another(two_servers: Tw
 
         read = a.get(f"/v1/batches/{batch['id']}")
         assert read.status_code == 200 and read.json()["id"] == batch["id"], read.text
+        listed = a.get("/v1/batches", params={"limit": 5}).json()
+        assert [x["id"] for x in listed["data"]] == [batch["id"]] and listed["has_more"] is False
         done = wait_done(a, batch["id"])
         assert done["status"] == "completed" and done["request_counts"]["completed"] == 3, done
-        out = [json.loads(x) for x in b.get(f"/v1/files/{done['output_file_id']}/content").text.splitlines()]
+        content = b.get(f"/v1/files/{done['output_file_id']}/content").content
+        out = [json.loads(x) for x in content.splitlines()]
         assert sorted(r["custom_id"] for r in out) == ["q0", "q1", "q2"]
+        assert a.get(f"/v1/files/{done['output_file_id']}").json()["bytes"] == len(content)
 
         assert a.delete(f"/v1/files/{file_id}").json()["deleted"] is True  # deleted through A: gone on B
         assert b.get(f"/v1/files/{file_id}").status_code == 404

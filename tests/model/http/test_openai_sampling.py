@@ -1,23 +1,21 @@
 """OpenAI's frequency_penalty, presence_penalty and logit_bias (and the repetition_penalty extension) reach the
 sampler through the HTTP API (SamplingParams of issue 30), checked with the OpenAI SDK against a real server:
-each changes greedy output as it should, and a value out of range is a 400 naming its parameter. A JSON
-document closed within its budget (--json-finish close) is a finished, valid answer: finish_reason "stop"."""
+each changes greedy output as it should, and a value out of range is a 400 naming its parameter. (JSON
+output's json_finish and json_repeat_penalty: tests/model/http/test_openai_json_finish.py.)"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import jsonschema
 import openai
 import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from tests.model.http.conftest import MODEL, base_url
-from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
+from tests.model.http.conftest import MODEL
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.model
 CAPITAL = "The capital of France is"
@@ -93,32 +91,3 @@ def test_out_of_range_values_are_a_400_naming_the_parameter(client: openai.OpenA
             call()
         assert info.value.status_code == 400 and info.value.body["type"] == "invalid_request_error"
         assert info.value.body["param"] == param, info.value.body
-
-
-@pytest.fixture(scope="module")
-def closing_server() -> Iterator[RunningServer]:
-    srv = start_server(http_port=free_port(), json_finish="close")
-    yield srv
-    srv.close()
-
-
-def test_a_document_closed_within_its_budget_finishes_stop(closing_server: RunningServer) -> None:
-    team = {"type": "object", "required": ["team", "members"], "properties": {
-        "team": {"type": "string"},
-        "members": {"type": "array", "minItems": 2, "items": {
-            "type": "object", "required": ["name", "code"],
-            "properties": {"name": {"type": "string"}, "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
-        }},
-    }}
-    fmt = {"type": "json_schema", "json_schema": {"name": "team", "schema": team}}
-    messages = [{"role": "user", "content": "A team of three, as JSON."}]
-    with openai.OpenAI(base_url=base_url(closing_server), api_key="unused", max_retries=0, timeout=120) as client:
-        with pytest.raises(openai.BadRequestError) as info:  # below the shortest document: refused up front
-            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, response_format=fmt)
-        minimum = int(info.value.message.rsplit("at least ", 1)[1].split()[0].strip("'\"}.,"))
-        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=minimum, temperature=0,
-                                           response_format=fmt)
-    assert r.choices[0].finish_reason == "stop" and r.usage is not None and r.usage.completion_tokens <= minimum
-    assert closing_server.engine.metrics.snapshot()["grammar"]["documents_closed"] == 1  # closed, not natural
-    jsonschema.validate(json.loads(r.choices[0].message.content or ""), team)
-    assert_kv_clean(closing_server)

@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 from service.batch.sqlite_store import SqliteJobStore
-from service.batch.store import ItemError, ItemResult, ItemState, JobSpec, JobState, JobStore, NewItem
+from service.batch.store import (
+    ItemError,
+    ItemResult,
+    ItemState,
+    JobSpec,
+    JobState,
+    JobStore,
+    NewItem,
+    job_cursor,
+)
 from tests.support.clock import FakeClock
 
 HOUR = 3600.0
@@ -291,6 +300,24 @@ def test_list_pages_newest_first(store: JobStore, clock: FakeClock) -> None:
         if not token:
             break
     assert seen == ids[::-1]
+
+
+def test_list_continues_after_a_given_job_and_holds_only_the_tenants_jobs(store: JobStore, clock: FakeClock) -> None:
+    mine, theirs = [], []
+    for n in range(6):
+        clock.advance(1 if n % 2 else 0)  # NOTE: pairs of jobs created in the same instant
+        mine.append(store.create_job(JobSpec("t1"))[0].id)
+        theirs.append(store.create_job(JobSpec("t2"))[0].id)
+    newest = [j.id for j in store.list_jobs("t1", 100)[0]]  # NOTE: jobs of one instant: in id order
+    assert sorted(newest) == sorted(mine) and newest[0] in mine[-2:] and newest[-1] in mine[:2]
+    for i, job_id in enumerate(newest):
+        job = store.get_job("t1", job_id)
+        assert job is not None
+        page, token = store.list_jobs("t1", 2, job_cursor(job))
+        assert [j.id for j in page] == newest[i + 1 : i + 3]
+        assert bool(token) == (i + 3 < len(newest))
+    assert sorted(j.id for j in store.list_jobs("t2", 10)[0]) == sorted(theirs)
+    assert {j.spec.tenant for j in store.list_jobs("t1", 10)[0]} == {"t1"}
 
 
 def test_state_counts_report_jobs_and_backlog(store: JobStore) -> None:

@@ -71,3 +71,17 @@ def test_results_become_chat_completion_lines_or_error_lines() -> None:
     row = json.loads(raw)
     assert failed and row["response"]["status_code"] == 503
     assert row["response"]["body"]["error"]["message"] == "batch cancelled"
+
+
+def test_a_document_closed_within_its_budget_is_a_stop_marked_json_closed() -> None:
+    from service.batch.convert import result_proto
+    from service.batch.store import ItemResult, ItemState, StoredResult
+
+    stored = StoredResult("j", "j", ItemState.COMPLETED, 1, ItemResult(text='{"x":0}', finish_reason="closed"))
+    r = result_proto(stored)
+    assert r.finish_reason == pb.FINISH_REASON_CLOSED  # GetBatchResults says so too
+    choice = json.loads(output_line(r, batch(), "m")[1])["response"]["body"]["choices"][0]
+    assert (choice["finish_reason"], choice["json_closed"]) == ("stop", True)
+    plain = json.loads(output_line(bpb.GetBatchResultsResponse(custom_id="p", finish_reason=pb.FINISH_REASON_STOP),
+                                   batch(), "m")[1])
+    assert "json_closed" not in plain["response"]["body"]["choices"][0]

@@ -4,8 +4,10 @@ Stores under test: ``SqliteFileStore`` on a file and in memory, ``PgFileStore`` 
 throwaway PostgreSQL (tests/support/pg.py: one database per test; skipped without
 PostgreSQL, failed in CI). Times come from a fake clock, so retention is tested
 without waiting. The contract: put/get/content/delete per tenant (another tenant's
-file is None, deleting it False), retention at upload, and, for the stores that can
-be shared, two instances on one database (two replicas) see each other's files.
+file is None, deleting it False, a listing holds only the caller's files), retention at
+upload (and ``expires_at`` saying when), listings paged newest or oldest first after a
+file of the tenant's (filtered by purpose), and, for the stores that can be shared, two
+instances on one database (two replicas) see each other's files.
 
 PostgreSQL beyond the contract: the table is created once when replicas start at once
 (and a role that may not create it gets ``Unavailable`` until it exists); a database that
@@ -26,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from service.http.files import FileRecord, FileStore, FilesUnavailable, SqliteFileStore
+from service.http.files import FileRecord, FileStore, FilesUnavailable, Page, SqliteFileStore
 from service.http.files_pg import PROBE_S, PgFileStore
 from service.request.errors import Unavailable
 from tests.support.clock import FakeClock
@@ -143,10 +145,72 @@ async def test_files_past_the_retention_are_deleted_at_the_next_upload(opener: O
     assert await store.content("t1", young.id) == b"young"
 
 
+async def test_a_record_says_when_the_retention_deletes_it(opener: Opener) -> None:
+    store = opener(retention_s=3600)
+    record = await store.put("t1", "in.jsonl", "batch", JSONL)
+    assert record.expires_at == opener.clock.now + 3600
+    assert record.to_json()["expires_at"] == int(opener.clock.now + 3600)
+    assert await store.get("t1", record.id) == record
+
+
+async def ids(store: FileStore, tenant: str, page: Page) -> tuple[list[str], bool]:
+    records, more = await store.list(tenant, page)
+    return [r.id for r in records], more
+
+
+async def test_a_listing_pages_through_the_tenants_files_newest_first(store: FileStore, opener: Opener) -> None:
+    mine = []
+    for n in range(5):
+        mine.append(await store.put("t1", f"f{n}", "batch", b"x" * n))
+        await store.put("t2", f"other{n}", "batch", b"y")
+        opener.clock.advance(1)
+    newest = [r.id for r in reversed(mine)]
+    assert await ids(store, "t1", Page(limit=2)) == (newest[:2], True)
+    assert await ids(store, "t1", Page(limit=2, after=newest[1])) == (newest[2:4], True)
+    assert await ids(store, "t1", Page(limit=2, after=newest[3])) == (newest[4:], False)
+    assert await ids(store, "t1", Page(limit=5)) == (newest, False)
+    assert await ids(store, "t1", Page(limit=10, ascending=True)) == (newest[::-1], False)
+    assert await ids(store, "t1", Page(limit=10, after=newest[2], ascending=True)) == (newest[:2][::-1], False)
+    records, _ = await store.list("t1", Page(limit=10))
+    assert records == [await store.get("t1", i) for i in newest]  # the same records as get
+
+
+async def test_files_of_one_instant_page_in_a_stable_order(store: FileStore) -> None:
+    made = {(await store.put("t1", f"f{n}", "batch", b"x")).id for n in range(7)}  # the clock stands still
+    seen, after = [], ""
+    while True:
+        page, more = await ids(store, "t1", Page(limit=3, after=after))
+        seen += page
+        if not more:
+            break
+        after = page[-1]
+    assert len(seen) == 7 and set(seen) == made  # each once
+
+
+async def test_a_listing_holds_only_the_callers_files_and_never_pages_after_anothers(store: FileStore) -> None:
+    mine = await store.put("t1", "mine", "batch", JSONL)
+    theirs = await store.put("t2", "theirs", "batch", JSONL)
+    assert await ids(store, "t1", Page(limit=10)) == ([mine.id], False)
+    assert await ids(store, "t2", Page(limit=10)) == ([theirs.id], False)
+    assert await ids(store, "t3", Page(limit=10)) == ([], False)
+    for after in (theirs.id, "file-nope"):
+        with pytest.raises(LookupError):
+            await store.list("t1", Page(limit=10, after=after))
+
+
+async def test_a_listing_filters_by_purpose(store: FileStore) -> None:
+    batch = await store.put("t1", "in.jsonl", "batch", JSONL)
+    other = await store.put("t1", "notes.txt", "user_data", b"notes")
+    assert await ids(store, "t1", Page(limit=10, purpose="batch")) == ([batch.id], False)
+    assert await ids(store, "t1", Page(limit=10, purpose="user_data")) == ([other.id], False)
+    assert await ids(store, "t1", Page(limit=10, purpose="batch_output")) == ([], False)
+
+
 async def test_two_instances_on_one_database_see_each_others_files(shared_opener: Opener) -> None:
     a, b = shared_opener(), shared_opener()  # two replicas
     record = await a.put("t1", "in.jsonl", "batch", JSONL)
     assert await b.get("t1", record.id) == record
+    assert await ids(b, "t1", Page(limit=10)) == ([record.id], False)
     assert await b.content("t1", record.id) == JSONL
     assert await b.get("t2", record.id) is None
     assert await b.delete("t1", record.id) is True
@@ -218,7 +282,8 @@ async def _assert_unavailable(store: FileStore) -> list[str]:
     """Every call raises ``Unavailable`` (nothing else); their messages."""
     messages = []
     for call in (lambda: store.put("t1", "f", "batch", b"x"), lambda: store.get("t1", "file-x"),
-                 lambda: store.content("t1", "file-x"), lambda: store.delete("t1", "file-x")):
+                 lambda: store.content("t1", "file-x"), lambda: store.delete("t1", "file-x"),
+                 lambda: store.list("t1", Page(limit=10))):
         with pytest.raises(Unavailable) as err:
             await call()
         assert isinstance(err.value, FilesUnavailable)

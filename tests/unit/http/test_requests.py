@@ -10,7 +10,8 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import InputLimits
 from service.http.errors import ApiError, from_status
-from service.http.requests import parse_chat, parse_completion
+from service.http.prompts import MAX_CHOICES, MAX_PROMPT_IDS
+from service.http.requests import parse_chat, parse_completion, with_vocab
 
 MODEL = "m"
 
@@ -140,15 +141,67 @@ def test_logprobs_and_stream_options_reach_the_output_plan() -> None:
     assert (p.output.stream, p.output.include_usage, p.output.logprobs) == (True, True, 3)
 
 
-def test_completion_defaults_to_sixteen_tokens_and_takes_one_prompt() -> None:
+def test_completion_defaults_to_sixteen_tokens_and_takes_a_prompt_in_every_openai_shape() -> None:
     p = parse_completion({"model": MODEL, "prompt": ["Once"], "logprobs": 2, "echo": False}, MODEL, None)
     assert (p.request.prompt, p.request.sampling.max_tokens, p.request.sampling.top_logprobs) == ("Once", 16, 2)
-    assert refused(parse_completion, {"model": MODEL, "prompt": [1, 2]}, MODEL, None).param == "prompt"
-    assert refused(parse_completion, {"model": MODEL, "prompt": ["a", "b"]}, MODEL, None).param == "prompt"
+    assert p.prompts == ("Once",)
+    assert parse_completion({"model": MODEL, "prompt": [1, 2]}, MODEL, None).prompts == ((1, 2),)
+    several = parse_completion({"model": MODEL, "prompt": ["a", "b"], "n": 2}, MODEL, None)
+    assert several.prompts == ("a", "b") and several.output.n == 2
+    ids = parse_completion({"model": MODEL, "prompt": [[1, 2], [3]], "echo": True}, MODEL, None)
+    assert ids.prompts == ((1, 2), (3,)) and ids.request.prompt == ""
     assert refused(parse_completion, {"model": MODEL, "prompt": "a", "suffix": "z"}, MODEL, None).param == "suffix"
     assert refused(parse_completion, {"model": MODEL, "prompt": "a", "best_of": 3}, MODEL, None).param == "best_of"
     echo = parse_completion({"model": MODEL, "prompt": "Once", "echo": True}, MODEL, None)
-    assert echo.output.echo == "Once"
+    assert echo.output.echo == ("Once",) and not echo.output.score
+    assert not echo.request.sampling.echo_prompt_logprobs
+
+
+@pytest.mark.parametrize("prompt", [
+    [], [[]], [1, "a"], [[1], "a"], [[1, 2], [True]], [1.5], {"text": "a"}, None, [["a"]], [[1], []],
+    ["a"] * (MAX_CHOICES + 1), [[0] * (MAX_PROMPT_IDS // 2 + 1)] * 2,
+], ids=lambda p: json.dumps(p)[:40])
+def test_other_prompt_shapes_and_sizes_are_a_400_naming_prompt(prompt: Any) -> None:
+    assert refused(parse_completion, {"model": MODEL, "prompt": prompt}, MODEL, None).param == "prompt"
+
+
+def test_prompts_times_n_are_bounded() -> None:
+    half = MAX_CHOICES // 2
+    assert len(parse_completion({"model": MODEL, "prompt": ["a"] * half, "n": 2}, MODEL, None).prompts) == half
+    assert refused(parse_completion, {"model": MODEL, "prompt": ["a"] * half, "n": 3}, MODEL, None).param == "n"
+
+
+def test_echo_with_logprobs_scores_the_prompt_once() -> None:
+    p = parse_completion({"model": MODEL, "prompt": "Once", "echo": True, "logprobs": 1}, MODEL, None)
+    assert p.output.score and p.request.sampling.echo_prompt_logprobs and p.request.sampling.max_tokens == 16
+    zero = parse_completion({"model": MODEL, "prompt": "Once", "echo": True, "logprobs": 0, "max_tokens": 0}, MODEL,
+                            None)
+    assert zero.request.sampling.HasField("max_tokens") and zero.request.sampling.max_tokens == 0
+    assert refused(parse_completion, {"model": MODEL, "prompt": "a", "max_tokens": 0}, MODEL, None).param == \
+        "max_tokens"  # generating nothing only makes sense when scoring
+    assert refused(parse_completion, {"model": MODEL, "prompt": "a", "echo": True, "logprobs": 1, "n": 2}, MODEL,
+                   None).param == "n"
+
+
+def test_token_id_prompts_are_checked_against_the_vocabulary_and_echoed_as_text() -> None:
+    vocab = [b"<s>", b"Hel", b"lo", b" \xf0\x9f", b"\x8e\x89"]
+    p = parse_completion({"model": MODEL, "prompt": [[1, 2], [3, 4]], "echo": True}, MODEL, None)
+    assert with_vocab(p, len(vocab), vocab).output.echo == ("Hello", " \U0001f389")
+    bad = parse_completion({"model": MODEL, "prompt": [[1, 2], [3, 5]]}, MODEL, None)
+    err = refused(with_vocab, bad, len(vocab), vocab)
+    assert err.param == "prompt" and "prompt[1][1] = 5" in str(err)
+    assert refused(with_vocab, parse_completion({"model": MODEL, "prompt": [-1]}, MODEL, None), 5, vocab).param == \
+        "prompt"
+
+
+def test_a_batch_line_takes_one_text_prompt() -> None:
+    from service.http.batch_lines import parse_lines
+
+    rows = [{"custom_id": c, "method": "POST", "url": "/v1/completions", "body": {"model": MODEL, "prompt": p}}
+            for c, p in (("text", "a"), ("two", ["a", "b"]), ("ids", [1, 2]))]
+    lines = parse_lines("\n".join(json.dumps(r) for r in rows).encode(), "/v1/completions", MODEL)
+    assert not isinstance(lines[0], tuple) and lines[0].generate.prompt == "a"
+    assert [line[0] for line in lines[1:] if isinstance(line, tuple)] == ["two", "ids"]
 
 
 LIMITS = InputLimits(max_messages=3, max_tools=2, max_stop_strings=2, max_logit_bias=2)
