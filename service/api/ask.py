@@ -48,12 +48,12 @@ class Ask:
     prompt_ids: tuple[int, ...] = ()
 
     @classmethod
-    def generate(cls, req: pb.GenerateRequest, deadline: float | None) -> Ask:
-        """A ``GenerateRequest`` (gRPC, or built by the HTTP API)."""
+    def generate(cls, req: pb.GenerateRequest, deadline: float | None, prompt_ids: tuple[int, ...] = ()) -> Ask:
+        """A ``GenerateRequest`` (gRPC, or built by the HTTP API; ``prompt_ids``: a completions token-id prompt)."""
         fmt = response_format(req.response_format) if req.HasField("response_format") else None
         return cls(
             req.request_id, req.prompt, req.messages, req.sampling, req.priority, fmt, deadline,
-            cache=_cache_ask(req),
+            cache=_cache_ask(req), prompt_ids=prompt_ids,
         )
 
     @classmethod

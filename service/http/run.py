@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from dataclasses import replace
 from typing import Any, Protocol
 
 from inference.v1 import inference_pb2 as pb
@@ -48,8 +47,7 @@ class Run:
         self.limits = limits
         self.queue: asyncio.Queue[pb.GenerateResponse | None] = asyncio.Queue()
         self.aborted = False
-        ask = replace(Ask.generate(request, None), prompt_ids=prompt_ids)  # ids: a completions token-id prompt
-        self.flight = intake.start(ask, self._on_event)
+        self.flight = intake.start(Ask.generate(request, None, prompt_ids), self._on_event)
         self.backlog = Backlog(limits, False, self.flight.pause, self._on_stall)
 
     def _on_event(self, event: Event, terminal: bool) -> None:
