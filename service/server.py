@@ -27,6 +27,7 @@ from service.api.grpc_options import server_options
 from service.api.intake import Intake
 from service.api.request_builder import JsonDefaults, PromptLimits, RequestBuilder
 from service.api.tolerant_decoding import add_servicer
+from service.api.unsent import limit_listeners
 from service.assembly import (
     adaptive_threads,
     batch_config,
@@ -91,6 +92,7 @@ class InferenceServer:
         await self._set_health(NOT_SERVING)
         self.server = self._grpc_server()
         self.port = self._add_port()
+        limit_listeners(self.port)  # a client that does not read: its connection holds KiB, not MiB
         await self.server.start()
         if self.http is not None:
             self.http_port = await self.http.start()  # answers 503 until the model is loaded

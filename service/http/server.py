@@ -27,6 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.api.intake import Intake
+from service.api.unsent import limit_transport
 from service.http.app import HttpApi, make_app
 from service.http.batches import BatchJobs, BatchRoutes
 from service.http.config import HttpConfig
@@ -59,6 +60,7 @@ class NoDelayH11Protocol(H11Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        limit_transport(transport)  # a client that does not read: its connection holds KiB, not MiB
         super().connection_made(transport)  # type: ignore[arg-type]
 
 
