@@ -7,15 +7,18 @@ The backlog is the number of response messages the client has not read yet:
   and whenever it has read all it received) is measured exactly: messages
   produced minus messages acknowledged;
 * any other client is measured by what the transport has taken: messages
-  produced minus messages whose write completed.
+  produced minus messages whose write completed. Writes stop completing once
+  the client's receive window and a few KiB on the server's side are full
+  (``service.api.unsent``: without it the kernel's send buffer took megabytes).
 
 NOTE: the second measure misses what gRPC's HTTP/2 flow-control windows hold.
 A grpc C-core client grows its receive window with its bandwidth estimate
 (BDP probing) whether or not the application reads: measured here, a client that
-never read its stream kept accepting writes past 1.5 MB (about 4,300 deltas with
-20 top log-probabilities; with ``grpc.http2.bdp_probe=0`` it stopped at its 64 KiB
-window). Only acknowledgements say what the application has read, so the Python
-client sends them; other clients get the transport measure.
+never read its stream kept accepting writes past 1.5 MB in 60 s of generation,
+and 3.8-4.7 MB when written as fast as it took them (with
+``grpc.http2.bdp_probe=0``: 89 KB). Only acknowledgements say what the application
+has read, so the Python client sends them; other clients get the transport
+measure (the bounds: docs/operations.md, "Clients that stop reading").
 
 At ``high`` the stream's requests pause (``on_pause(True)``); at ``low`` or below
 they resume (``on_pause(False)``); a stream paused for ``stall_timeout_s`` gets
