@@ -10,7 +10,7 @@ the request once it stayed paused for ``--stream-stall-timeout-s``, while the cl
 connection. Then the client reads again and finds every event, the last one the cancellation.
 
 Speculative decoding is off so that one event is one token. Verdicts wait on conditions (the
-scheduler's pause, the ``vllm:num_requests_running`` gauge) under generous ceilings; the engine may
+scheduler's pause, the ``vllm:num_requests_running`` and ``_waiting`` gauges) under generous ceilings; the engine may
 run ahead of the event loop by a few steps on a busy machine (``LAG``).
 """
 
@@ -53,10 +53,10 @@ def srv() -> Iterator[RunningServer]:
 
 
 def metrics(srv: RunningServer) -> dict[str, float]:
-    """``vllm:generation_tokens_total`` and ``vllm:num_requests_running`` from GET /metrics."""
+    """The vLLM-named series the tests read, from GET /metrics."""
     r = httpx2.get(f"http://127.0.0.1:{srv.server.http_port}/metrics", timeout=60)
     assert r.status_code == 200
-    wanted = ("vllm:generation_tokens_total", "vllm:num_requests_running")
+    wanted = ("vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting")
     return {s.name: s.value for f in text_string_to_metric_families(r.text) for s in f.samples if s.name in wanted}
 
 
@@ -64,8 +64,10 @@ def generated(srv: RunningServer) -> float:
     return metrics(srv)["vllm:generation_tokens_total"]
 
 
-def running(srv: RunningServer) -> float:
-    return metrics(srv)["vllm:num_requests_running"]
+def left_the_engine(srv: RunningServer) -> bool:
+    """No request running or waiting (a paused request may have been preempted into the queue)."""
+    m = metrics(srv)
+    return m["vllm:num_requests_running"] == m["vllm:num_requests_waiting"] == 0
 
 
 def paused_alone(srv: RunningServer) -> bool:
@@ -132,7 +134,7 @@ def test_sse_reader_that_stops_reading_is_paused_within_the_bound_then_cancelled
         assert reader.status == 200
         wait_paused(srv)
         at_pause = generated(srv)
-        assert wait_for(lambda: running(srv) == 0, timeout=CEILING_S)  # cancelled by the stall timer
+        assert wait_for(lambda: left_the_engine(srv), timeout=CEILING_S)  # cancelled by the stall timer
         assert generated(srv) == at_pause  # nothing was generated while paused
         rcvbuf = reader.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         events = reader.read_rest()  # the client reads again: everything made, then the cancellation
@@ -164,7 +166,7 @@ def test_grpc_caller_that_stops_reading_is_paused_within_the_bound_then_cancelle
         at_pause = generated(srv)
         neighbour = neighbour_answer(srv)  # another client is served meanwhile
         assert neighbour.done.usage.completion_tokens == 8
-        assert wait_for(lambda: running(srv) == 0, timeout=CEILING_S)  # cancelled by the stall timer
+        assert wait_for(lambda: left_the_engine(srv), timeout=CEILING_S)  # cancelled by the stall timer
         assert generated(srv) == at_pause + 8  # the neighbour's tokens only: none for the paused request
         rcvbuf = call.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         rest = list(responses)  # the client reads again: everything made, then the cancellation
