@@ -53,7 +53,7 @@ from typing import Any
 from inference.v1 import inference_pb2 as pb
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -289,6 +289,10 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, from_status("UNAVAILABLE", exc.public_message))
 
 
+async def _gone(_request: Request, _exc: Exception) -> Response:
+    return Response(status_code=499)  # the client left (or its body timed out) before its request was read
+
+
 async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("HTTP request failed", exc_info=exc)
     return error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
@@ -297,6 +301,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 def make_app(routes: list[Route]) -> Starlette:
     """The Starlette application over ``routes`` with each dialect's error shape."""
     handlers: dict[Any, Any] = {
-        ApiError: _api_error, HTTPException: _http_error, Unavailable: _unavailable, Exception: _crash
+        ApiError: _api_error, HTTPException: _http_error, Unavailable: _unavailable, ClientDisconnect: _gone,
+        Exception: _crash,
     }
     return Starlette(routes=routes, exception_handlers=handlers)
