@@ -131,6 +131,12 @@ def test_a_deeply_nested_tool_call_argument_string_is_kept_as_text(http: httpx2.
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+@pytest.mark.parametrize("path", ["/v1/files", "/v1/batches"])
+def test_a_listing_limit_of_5000_digits_is_a_400(http: httpx2.Client, path: str) -> None:
+    error = error_of(http.get(path, params={"limit": "9" * 5000}), 400)
+    assert error["param"] == "limit" and error["type"] == "invalid_request_error"
+
+
 # -- item 5: an oversized schema is permanent --------------------------------------------------------
 def test_a_schema_over_the_size_limit_is_a_400_the_sdk_does_not_retry(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:  # was RateLimitError (429 server_is_overloaded)
@@ -160,6 +166,8 @@ def test_a_body_that_is_not_json_is_415_and_a_missing_content_type_is_taken_as_j
     for kind in ("text/plain", "application/x-www-form-urlencoded"):
         error = error_of(http.post("/v1/chat/completions", content=raw, headers={"content-type": kind}), 415)
         assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+    tokenize = http.post("/tokenize", content=b'{"prompt": "hi"}', headers={"content-type": "text/plain"})
+    assert error_of(tokenize, 415)["code"] == "unsupported_media_type"
     assert http.post("/v1/chat/completions", content=raw).status_code == 200  # no Content-Type: lenient
     utf8 = {"content-type": "application/json; charset=utf-8"}
     assert http.post("/v1/chat/completions", content=raw, headers=utf8).status_code == 200
