@@ -7,6 +7,7 @@ Protocol that ``ServerConfig`` satisfies, or plain values) from here or from
 
 from __future__ import annotations
 
+import resource
 import socket
 from pathlib import Path
 from typing import Literal
@@ -19,7 +20,7 @@ from service.config import ServerConfig
 from service.continuous_batcher import Engine
 from service.engine.speculator import SpecConfig
 from service.engine.wiring import Collaborators, EngineConfig
-from service.http.config import HttpConfig
+from service.http.config import ConnectionLimits, HttpConfig
 from service.kv.host_prefixes import HostPrefixes
 from service.model.runner import ModelRunner
 from service.paged_kv import KVBlockManager
@@ -136,6 +137,14 @@ def http_config(config: ServerConfig) -> HttpConfig | None:
         files_store=files_store,
         files_db=files_db,
         files_retention_s=config.batch_retention_hours * 3600,
+        connections=ConnectionLimits(
+            max_connections=config.http_max_connections,
+            header_timeout_s=config.http_header_timeout_s,
+            body_timeout_s=config.http_body_timeout_s,
+            body_min_rate=config.http_body_min_rate,
+            max_header_bytes=config.http_max_header_bytes,
+            keep_alive_s=config.http_keep_alive_s,
+        ),
     )
 
 
@@ -149,3 +158,26 @@ def files_location(batch_db: str) -> tuple[Literal["sqlite", "postgres"], str]:
         return "sqlite", ":memory:"
     path = Path(target.location)
     return "sqlite", str(path.with_name(path.stem + "-files.db"))
+
+
+# NOTE: descriptors beside the connections: the model file, SQLite stores, the thread pools' pipes,
+# the listeners, the event loop's own (measured idle: 18).
+DESCRIPTOR_RESERVE = 256
+
+
+def ensure_descriptors(config: ServerConfig) -> str | None:
+    """Raise the soft open-files limit to what the connection caps need (within the hard limit).
+
+    Both caps plus ``DESCRIPTOR_RESERVE`` must fit, or a flood reaches the limit before the caps
+    and every ``accept()`` and file open fails. Returns a warning when the hard limit is too low.
+    """
+    need = config.grpc_max_connections + (config.http_max_connections if config.http_port else 0)
+    need += DESCRIPTOR_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return (f"open-files limit {soft} is below what --grpc-max-connections and --http-max-connections need "
+                f"({need} with a reserve of {DESCRIPTOR_RESERVE}): lower them, or raise the limit (ulimit -n)")
+    return None

@@ -64,6 +64,10 @@ class ServerConfig:
     keepalive_time_s: float = 60.0
     keepalive_timeout_s: float = 20.0
     keepalive_min_client_interval_s: float = 10.0
+    grpc_max_connections: int = 1000
+    grpc_max_concurrent_streams: int = 256
+    grpc_handshake_timeout_s: float = 10.0
+    grpc_max_connection_idle_s: float = 300.0
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
@@ -81,6 +85,12 @@ class ServerConfig:
     replica_id: str = ""
     http_port: int = 8000
     served_model_name: str = ""
+    http_max_connections: int = 1000
+    http_header_timeout_s: float = 10.0
+    http_body_timeout_s: float = 30.0
+    http_body_min_rate: int = 16384
+    http_max_header_bytes: int = 16384
+    http_keep_alive_s: float = 5.0
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting, for the start-up log: a password in ``--batch-db`` is masked."""
@@ -155,6 +165,14 @@ HELP = {
     "keepalive_timeout_s": "close a connection whose keepalive ping is not answered within this",
     "keepalive_min_client_interval_s": "shortest interval between client keepalive pings accepted "
     "(more frequent ones get GOAWAY too_many_pings)",
+    "grpc_max_connections": "most open gRPC connections (grpc.max_allowed_incoming_connections): one more is "
+    "closed at once, before its handshake",
+    "grpc_max_concurrent_streams": "most calls open at once on one gRPC connection (HTTP/2 "
+    "MAX_CONCURRENT_STREAMS; a client queues the rest)",
+    "grpc_handshake_timeout_s": "a gRPC connection that has not completed its TLS and HTTP/2 handshake "
+    "(client SETTINGS) within this is closed",
+    "grpc_max_connection_idle_s": "a gRPC connection with no call open for this long gets GOAWAY (clients "
+    "reconnect on their next call; 0 = never)",
     "tls_cert": "PEM server certificate (chain): serve TLS instead of plaintext; re-read when it changes",
     "tls_key": "PEM private key of --tls-cert",
     "tls_client_ca": "PEM CA bundle: require client certificates signed by it (mTLS)",
@@ -183,6 +201,17 @@ HELP = {
     "in Kubernetes)",
     "http_port": "OpenAI-compatible HTTP API, /metrics and /health on this port, in the same process and event "
     "loop (same --host, TLS files and tenants as gRPC; 0 = off; docs/openai.md)",
+    "http_max_connections": "most open HTTP connections; one more takes the place of the oldest connection "
+    "still waiting for its request head, or is answered 503 and closed when every open one is in a request "
+    "(docs/security.md)",
+    "http_header_timeout_s": "an HTTP request head (request line and headers) not complete this long after "
+    "the connection opened (on a kept-alive connection, after its first byte) gets 408 and the connection is "
+    "closed",
+    "http_body_timeout_s": "an HTTP request body gets this long, plus one second per --http-body-min-rate "
+    "bytes received; slower, it gets 408 and the connection is closed",
+    "http_body_min_rate": "bytes per second of request body that extend --http-body-timeout-s (see there)",
+    "http_max_header_bytes": "largest HTTP request head (request line and headers); a larger one gets 431",
+    "http_keep_alive_s": "an idle HTTP keep-alive connection is closed after this long",
     "served_model_name": "model id of the HTTP API (/v1/models, the request's model field) and the model_name "
     "label of the vllm:* metrics (default: the model file name without .gguf)",
 }
@@ -274,6 +303,16 @@ def validate(c: ServerConfig) -> str | None:
         return "--max-connection-age-s, --max-connection-age-grace-s and --keepalive-time-s must be >= 0"
     if c.keepalive_timeout_s <= 0 or c.keepalive_min_client_interval_s < 0:
         return "--keepalive-timeout-s must be > 0 and --keepalive-min-client-interval-s >= 0"
+    if min(c.grpc_max_connections, c.grpc_max_concurrent_streams, c.http_max_connections) < 1:
+        return "--grpc-max-connections, --grpc-max-concurrent-streams and --http-max-connections must be >= 1"
+    if c.grpc_handshake_timeout_s <= 0 or c.grpc_max_connection_idle_s < 0:
+        return "--grpc-handshake-timeout-s must be > 0 and --grpc-max-connection-idle-s >= 0"
+    if min(c.http_header_timeout_s, c.http_body_timeout_s, c.http_keep_alive_s) <= 0:
+        return "--http-header-timeout-s, --http-body-timeout-s and --http-keep-alive-s must be > 0"
+    if c.http_body_min_rate < 1:
+        return "--http-body-min-rate must be >= 1"
+    if c.http_max_header_bytes < 1024:
+        return "--http-max-header-bytes must be >= 1024"
     if c.response_cache_bytes < 0 or c.response_cache_max_ttl_s <= 0:
         return "--response-cache-bytes must be >= 0 and --response-cache-max-ttl-s > 0"
     if not 0.0 < c.semantic_cache_threshold <= 1.0:

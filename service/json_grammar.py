@@ -58,9 +58,11 @@ class GrammarError(Exception):
     """A bad schema/grammar, or a grammar violation.
 
     ``status`` is a gRPC status name: "INVALID_ARGUMENT" (bad or unsupported
-    input, naming the feature), "RESOURCE_EXHAUSTED" (a size/time/complexity
-    limit) or "INTERNAL" (a token the mask should have excluded, or a final
-    document that fails validation). ``str(e)`` says what was wrong.
+    input, naming the feature, and a constraint over the size or complexity
+    limits: permanent, a retry gets the same answer), "RESOURCE_EXHAUSTED" (the
+    compile timeout, whose compile goes on and is cached, and a parser limit hit
+    while generating) or "INTERNAL" (a token the mask should have excluded, or a
+    final document that fails validation). ``str(e)`` says what was wrong.
     """
 
     def __init__(self, status: str, message: str) -> None:
@@ -268,8 +270,9 @@ class GrammarCompiler:
             raise GrammarError("INVALID_ARGUMENT", f"unknown constraint kind {kind!r}; use one of {KINDS}")
         data = source.encode("utf-8", "surrogatepass")
         if len(data) > self.max_source_bytes:
-            raise GrammarError(
-                "RESOURCE_EXHAUSTED", f"{kind} is {len(data)} bytes; the limit is {self.max_source_bytes}"
+            raise GrammarError(  # NOTE: permanent: not RESOURCE_EXHAUSTED, which clients retry (issue #35)
+                "INVALID_ARGUMENT",
+                f"{kind} is {len(data)} bytes; the limit is {self.max_source_bytes} (--max-schema-bytes)",
             )
         key = (kind, hashlib.sha256(data).hexdigest())
         return self.cache.get_or_start(key, lambda: self._pool.submit(self._build, kind, source))
@@ -309,7 +312,7 @@ class GrammarCompiler:
             proto = self._new_matcher(grammar)
             if proto.is_error():
                 msg = proto.get_error()
-                raise GrammarError(_status_of(msg), f"{kind} grammar error: {_short(msg)}")
+                raise GrammarError("INVALID_ARGUMENT", f"{kind} grammar error: {_short(msg)}")
             _probe_start(proto, kind)
             return CompiledGrammar(kind, grammar, None, (), proto)
         except GrammarError:
@@ -349,8 +352,8 @@ class GrammarCompiler:
                     hints,
                 )
             msg = proto.get_error()
-            if _status_of(msg) == "RESOURCE_EXHAUSTED":
-                raise GrammarError("RESOURCE_EXHAUSTED", f"JSON Schema too complex: {_short(msg)}")
+            if _status_of(msg) == "RESOURCE_EXHAUSTED":  # a parser limit: permanent for this schema
+                raise GrammarError("INVALID_ARGUMENT", f"JSON Schema too complex: {_short(msg)}")
             label = gs.relax(work, msg)
             if label is None or (label == gs.ONE_OF and options["coerce_one_of"]):
                 raise GrammarError("INVALID_ARGUMENT", f"unsupported JSON Schema feature: {_short(msg)}")
@@ -373,7 +376,7 @@ def _probe_start(proto: llg.LLMatcher, kind: str) -> None:
     allowed = np.flatnonzero(bits)[:PROBE_TOKENS]
     if m.is_error():
         msg = m.get_error()
-        raise GrammarError(_status_of(msg), f"{kind} cannot start: {_short(msg)}")
+        raise GrammarError("INVALID_ARGUMENT", f"{kind} cannot start: {_short(msg)}")
     if len(allowed) and not any(m.validate_tokens([int(t)]) == 1 for t in allowed):
         raise GrammarError(
             "INVALID_ARGUMENT", f"{kind} needs text this model's vocabulary cannot produce (at its start)"

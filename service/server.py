@@ -33,6 +33,7 @@ from service.assembly import (
     batch_config,
     build_engine,
     cache_config,
+    ensure_descriptors,
     http_config,
     input_limits,
     load_runner,
@@ -90,6 +91,8 @@ class InferenceServer:
     async def start(self) -> int:
         """Listen, load, warm up, then report SERVING; returns the bound port."""
         await self._set_health(NOT_SERVING)
+        if (warning := ensure_descriptors(self.config)) is not None:
+            log.warning("%s", warning)
         self.server = self._grpc_server()
         self.port = self._add_port()
         limit_listeners(self.port)  # a client that does not read: its connection holds KiB, not MiB

@@ -137,7 +137,7 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
     ) -> AsyncIterator[bpb.GetBatchResultsResponse]:
         await self._job(request.batch_id, context)
         by_completion = request.order == bpb.RESULT_ORDER_COMPLETION
-        if by_completion and request.cursor and not request.cursor.isdigit():
+        if by_completion and request.cursor and not _completion_cursor(request.cursor):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "cursor is not one of a completion-order stream")
         cursor, left = request.cursor, request.limit or None
         while True:
@@ -149,3 +149,12 @@ class BatchServicer(bpb_grpc.BatchServiceServicer):
             if len(page) < 256 or left == 0:
                 return
             cursor = page[-1].cursor
+
+
+def _completion_cursor(cursor: str) -> bool:
+    """A completion-order cursor is a result's sequence number: at most 18 ASCII digits.
+
+    NOTE: ``str.isdigit`` alone let "²" through (int() refuses it), and a longer number fails int()
+    past 4,300 digits or SQLite past 2**63: each was an UNKNOWN status instead of INVALID_ARGUMENT.
+    """
+    return cursor.isascii() and cursor.isdigit() and len(cursor) <= 18

@@ -36,6 +36,10 @@ lifecycle as one ``Run``, watch for a disconnect, commit the status line at
 the first event (a refusal before any token is still a 4xx/5xx). A
 ``service.http.dialect.Dialect`` says only what differs: its body parser and
 how the events become its answer.
+
+A JSON route's body must be sent as JSON (``Content-Type: application/json``, any ``+json``
+type, or none: else 415). Two ``Authorization`` (or ``x-api-key``) headers never authenticate:
+wherever a token is needed the call is refused 401 saying so (docs/security.md).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from typing import Any
 from inference.v1 import inference_pb2 as pb
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -69,10 +73,14 @@ from service.http.runs import Runs
 from service.http.sse import EventStream
 from service.request.errors import Unavailable
 from service.request.events import LOADING
-from service.security.auth import CURRENT_CREDENTIAL, CURRENT_TENANT, bearer_token
+from service.security.auth import CURRENT_CREDENTIAL, CURRENT_TENANT, AmbiguousCredentials, bearer_token
 from service.security.tenancy import Tenancy
 
 log = logging.getLogger("service.http")
+# NOTE: a JSON route takes these Content-Types (and any "+json" one) or none at all: the openai SDKs and
+# `curl -H 'Content-Type: application/json'` send the first, some scripts none; text/plain or curl -d's
+# default (application/x-www-form-urlencoded) is a 415, never a guess (docs/openai.md).
+JSON_TYPES = frozenset({"application/json"})
 
 
 class HttpApi:
@@ -95,11 +103,14 @@ class HttpApi:
     def authorize(self, request: Request, role: str = "user") -> str:
         """Authenticate the call against the tenants file in force and make its tenant and credential
         current; raises ApiError 401/403."""
-        token = bearer_token([("authorization", request.headers.get("authorization", ""))]) \
-            or request.headers.get("x-api-key") or None
+        ambiguous = None
+        try:
+            token = _token(request)
+        except AmbiguousCredentials as exc:  # NOTE: never authenticates; refused wherever a token is needed
+            token, ambiguous = None, str(exc)
         verdict = self.tenancy.http_tenant(request.url.path, token, role)
         if isinstance(verdict, tuple):
-            raise from_status(*verdict)
+            raise from_status(verdict[0], ambiguous or verdict[1])
         CURRENT_TENANT.set(verdict.tenant)
         CURRENT_CREDENTIAL.set(verdict if verdict.digest is not None else None)  # None: nothing to re-check
         return verdict.tenant
@@ -114,6 +125,16 @@ class HttpApi:
         tenant = self.authorize(request)
         self.ready(need)
         return tenant
+
+    async def json_body(self, request: Request, limit: int) -> bytes:
+        """``body`` of a JSON route: a Content-Type other than JSON is a 415 (see ``JSON_TYPES``)."""
+        kind = request.headers.get("content-type")
+        if kind is not None:
+            media = kind.partition(";")[0].strip().lower()
+            if media not in JSON_TYPES and not media.endswith("+json"):
+                raise ApiError(415, f"Content-Type {media!r} is not JSON: send 'Content-Type: application/json'",
+                               code="unsupported_media_type")
+        return await self.body(request, limit)
 
     async def body(self, request: Request, limit: int) -> bytes:
         """The request body, at most ``limit`` bytes (413 past it, before reading it all)."""
@@ -147,12 +168,12 @@ class HttpApi:
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count of a Messages body (the prompt as Generate would tokenize it)."""
         self.admit(request, Need.MODEL)
-        body = await self.body(request, self.config.max_body_bytes)
+        body = await self.json_body(request, self.config.max_body_bytes)
         return JSONResponse(await self.intake.offload(self.messages_dialect.count_tokens, body))
 
     async def _generate(self, request: Request, dialect: Dialect) -> Response:
         self.admit(request, Need.WORK)
-        body = await self.body(request, self.config.max_body_bytes)
+        body = await self.json_body(request, self.config.max_body_bytes)
         # NOTE: parsing grows with the body (100,000 messages: a second): never on the event loop.
         parsed = await self.intake.offload(self._parse, dialect, body, request.headers.get("x-priority"))
         rid = dialect.prefix + uuid.uuid4().hex
@@ -242,6 +263,15 @@ class HttpApi:
         ]
 
 
+def _token(request: Request) -> str | None:
+    """The bearer token, or Anthropic's ``x-api-key`` without one; AmbiguousCredentials for two of either."""
+    token = bearer_token([("authorization", value) for value in request.headers.getlist("authorization")])
+    keys = request.headers.getlist("x-api-key")
+    if len(keys) > 1:
+        raise AmbiguousCredentials(f"{len(keys)} x-api-key headers: send exactly one")
+    return token or (keys[0] if keys else None) or None
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(request.url.path, exc)
@@ -259,6 +289,10 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, from_status("UNAVAILABLE", exc.public_message))
 
 
+async def _gone(_request: Request, _exc: Exception) -> Response:
+    return Response(status_code=499)  # the client left (or its body timed out) before its request was read
+
+
 async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("HTTP request failed", exc_info=exc)
     return error_response(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
@@ -267,6 +301,7 @@ async def _crash(request: Request, exc: Exception) -> Response:
 def make_app(routes: list[Route]) -> Starlette:
     """The Starlette application over ``routes`` with each dialect's error shape."""
     handlers: dict[Any, Any] = {
-        ApiError: _api_error, HTTPException: _http_error, Unavailable: _unavailable, Exception: _crash
+        ApiError: _api_error, HTTPException: _http_error, Unavailable: _unavailable, ClientDisconnect: _gone,
+        Exception: _crash,
     }
     return Starlette(routes=routes, exception_handlers=handlers)

@@ -3,8 +3,8 @@
 * an input line ``{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body": {...}}``
   becomes a ``BatchItem`` whose ``generate`` request is what the live endpoint
   would build from ``body`` (``service.http.requests``); a line that cannot
-  (bad JSON, wrong url, streaming, tools, logprobs, n > 1) is refused with
-  its reason and ends up in the error file;
+  (bad JSON, nested too deeply, a lone surrogate, wrong url, streaming, tools,
+  logprobs, n > 1) is refused with its reason and ends up in the error file;
 * a result becomes an output line ``{"id", "custom_id", "response": {"status_code",
   "request_id", "body"}, "error": null}``: the body is the endpoint's response
   object, or OpenAI's error object for a failed, cancelled or expired item;
@@ -22,6 +22,7 @@ from inference.v1 import batch_pb2 as bpb
 from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
+from service.http.body import check_json
 from service.http.errors import ApiError, from_status
 from service.http.render import CLOSED_FIELD, FINISH  # a closed document: "stop", and json_closed
 from service.http.requests import parse_chat, parse_completion
@@ -64,11 +65,22 @@ def parse_lines(data: bytes, endpoint: str, model: str, limits: InputLimits = DE
             continue
         try:
             raw = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             out.append(("", f"line {n} is not valid JSON"))
             continue
-        out.append(_item(raw, endpoint, model, limits))
+        out.append(_unusable(raw, text, n) or _item(raw, endpoint, model, limits))
     return out
+
+
+def _unusable(raw: Any, text: str, n: int) -> tuple[str, str] | None:
+    """A refusal for a line nested too deeply or holding a lone surrogate (``check_json``), else None."""
+    try:
+        check_json(raw, text.encode())
+    except ApiError as exc:
+        cid = raw.get("custom_id") if isinstance(raw, dict) else None
+        usable = isinstance(cid, str) and not (exc.param or "").startswith("custom_id")
+        return (cid if usable and isinstance(cid, str) else "", f"line {n}: {exc}")
+    return None
 
 
 def _digest(text: str) -> str:

@@ -165,7 +165,7 @@ class BatchRoutes:
 
     async def create(self, request: Request) -> Response:
         tenant = self.api.admit(request, Need.WORK)
-        body = Body(parse_json(await self.api.body(request, self.api.config.max_body_bytes)),
+        body = Body(parse_json(await self.api.json_body(request, self.api.config.max_body_bytes)),
                     ("input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"))
         endpoint, file_id = body.str_("endpoint", required=True), body.str_("input_file_id", required=True)
         if endpoint not in ENDPOINTS:

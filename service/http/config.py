@@ -10,6 +10,18 @@ from service.api.input_limits import InputLimits
 
 
 @dataclass(frozen=True)
+class ConnectionLimits:
+    """What one HTTP connection may hold (the ``--http-*`` connection flags; docs/security.md)."""
+
+    max_connections: int = 1000  # open at once; past it the oldest waiting for a request head is closed
+    header_timeout_s: float = 10.0  # a request head complete within this (from the connection, or its first byte)
+    body_timeout_s: float = 30.0  # a request body: this long, plus a second per ``body_min_rate`` bytes received
+    body_min_rate: int = 16384
+    max_header_bytes: int = 16384  # request line and headers; larger: 431
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+
+
+@dataclass(frozen=True)
 class HttpConfig:
     """``port`` 0 binds a free port (the flag's 0, "off", is decided by the assembly)."""
 
@@ -29,3 +41,4 @@ class HttpConfig:
     files_db: str = field(default=":memory:", repr=False)
     files_retention_s: float = 7 * 24 * 3600.0
     graceful_close_s: float = 5.0  # after the server's drain, time left to open connections
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)

@@ -27,7 +27,8 @@ def list_query(params: Mapping[str, str], default: int, maximum: int, order: boo
     raw = params.get("limit")
     limit = default
     if raw is not None:
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
+        # NOTE: the length first: int() of more than 4,300 digits raises ValueError (CPython's limit)
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 9 or not 1 <= int(raw) <= maximum:
             raise bad_param("limit", f"limit must be an integer in 1..{maximum}, got {raw[:40]!r}")
         limit = int(raw)
     way = params.get("order", "desc") if order else "desc"

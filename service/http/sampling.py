@@ -93,8 +93,11 @@ def logit_bias(body: Body, limits: InputLimits) -> dict[int, float]:
         raise bad_param("logit_bias", problem)
     out: dict[int, float] = {}
     for token, value in bias.items():
-        if not (token.isascii() and token.isdigit()) or int(token) >= 2**31:
-            raise bad_param("logit_bias", f"'logit_bias' keys must be token ids (non-negative integers), got {token!r}")
+        # NOTE: the length first: int() of more than 4,300 digits raises ValueError (CPython's limit)
+        if not (token.isascii() and token.isdigit()) or len(token) > 10 or int(token) >= 2**31:
+            shown = token if len(token) <= 24 else f"{token[:12]}... ({len(token)} characters)"
+            raise bad_param("logit_bias", f"'logit_bias' keys must be token ids (integers in 0..2147483647), "
+                                          f"got {shown!r}")
         out[int(token)] = _bias_value(token, value)
     return out
 

@@ -8,6 +8,11 @@ intake's one ``unavailable`` check; ``stop`` closes the listener and gives
 open connections ``graceful_close_s`` (the server's drain has already let
 in-flight requests finish).
 
+Every connection goes through ``GuardedH11Protocol`` (``service.http.protocol``): the connection
+cap, the request head and body deadlines, the head size limit (``HttpConfig.connections``, the
+``--http-*`` connection flags); failed ``accept()`` calls and malformed requests are logged at
+most once per ten seconds (``service.http.log_limits``).
+
 TLS uses the gRPC port's files (``--tls-cert``/``--tls-key``, client
 certificates required with ``--tls-client-ca``), reloaded on change
 (``service.security.tls.RotatingSSLContext``). With mTLS a client certificate
@@ -24,14 +29,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.api.intake import Intake
-from service.api.unsent import limit_transport
 from service.http.app import HttpApi, make_app
 from service.http.batches import BatchJobs, BatchRoutes
 from service.http.config import HttpConfig
+from service.http.connections import ConnectionGuard
 from service.http.files import FileStore, SqliteFileStore
+from service.http.log_limits import limit_accept_errors, limit_invalid_requests
+from service.http.protocol import GuardedH11Protocol
 from service.http.tokens import TokenRoutes
 from service.security.tenancy import Tenancy
 from service.security.tls import RotatingSSLContext
@@ -47,23 +53,6 @@ class _Server(uvicorn.Server):
         yield
 
 
-class NoDelayH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol on a socket with ``TCP_NODELAY`` set.
-
-    NOTE: the accepted sockets came without it (measured: 0), so Nagle held each
-    stream's first event until the client's delayed ACK of the status line, 40 ms
-    later: a streamed answer's first token reached the client ~40 ms after the
-    same token over gRPC.
-    """
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        limit_transport(transport)  # a client that does not read: its connection holds KiB, not MiB
-        super().connection_made(transport)  # type: ignore[arg-type]
-
-
 class HttpFrontEnd:
     """The HTTP API of one server (see the module docstring)."""
 
@@ -76,6 +65,7 @@ class HttpFrontEnd:
             self.routes += BatchRoutes(self.api, jobs, self.files).routes()
         self.tls = RotatingSSLContext(config.tls_cert, config.tls_key, config.tls_client_ca or None) \
             if config.tls_cert else None
+        self.guard = ConnectionGuard(config.connections.max_connections)
         self.server: _Server | None = None
         self.task: asyncio.Task[None] | None = None
         self.port = 0
@@ -89,7 +79,9 @@ class HttpFrontEnd:
             make_app(self.routes), lifespan="off", log_config=None, access_log=False, server_header=False,
             timeout_graceful_shutdown=int(self.config.graceful_close_s), ssl_context_factory=tls,
             # NOTE: a bare h11 protocol; keep-alive connections stay open across requests
-            http=NoDelayH11Protocol, ws="none",
+            http=GuardedH11Protocol.bind(self.guard, self.config.connections), ws="none",
+            timeout_keep_alive=self.config.connections.keep_alive_s,  # type: ignore[arg-type]  # seconds, int in uvicorn
+            h11_max_incomplete_event_size=self.config.connections.max_header_bytes,
         )
 
     async def start(self) -> int:
@@ -98,6 +90,8 @@ class HttpFrontEnd:
                                     backlog=2048, reuse_port=False)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
+        limit_accept_errors(asyncio.get_running_loop(), log)
+        limit_invalid_requests()
         self.server = _Server(self._uvicorn_config())
         self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[sock]))
         scheme = "https" if self.tls is not None else "http"

@@ -61,7 +61,7 @@ class TokenRoutes:
 
     async def _body(self, request: Request) -> bytes:
         self.api.admit(request, Need.MODEL)
-        return await self.api.body(request, self.api.config.max_body_bytes)
+        return await self.api.json_body(request, self.api.config.max_body_bytes)
 
     async def tokenize(self, request: Request) -> Response:
         ask = await self.api.intake.offload(self._tokenize_ask, await self._body(request))

@@ -153,8 +153,10 @@ def plan_functions(fns: list[Function], mode: str, named: str = "") -> ToolPlan 
 def call_text(name: str, arguments: Any) -> str:
     """An earlier call as the assistant text the model would have written (``arguments``: JSON text or a value)."""
     if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):  # NOTE: else kept as the string it was (history is not re-validated)
-            arguments = json.loads(arguments)
+        # NOTE: else kept as the string it was (history is not re-validated); so is JSON nested past what
+        # json can decode or encode again (a RecursionError, issue #35: the client's text is no reason to fail)
+        with contextlib.suppress(ValueError, RecursionError):
+            return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': json.loads(arguments)})}{CALL_CLOSE}"
     return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
 
 

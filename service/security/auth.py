@@ -4,7 +4,7 @@ Every call to a service that is not open (health and reflection are open by
 default, see ``open_services`` in the tenants file) needs a tenant:
 
 * ``authorization: Bearer <token>`` metadata whose SHA-256 is in the tenants
-  file (compared in constant time), or else
+  file (compared in constant time; two ``authorization`` entries: UNAUTHENTICATED), or else
 * with mTLS on, a client certificate whose SAN URI or subject CN is one of a
   tenant's ``identities``.
 
@@ -77,14 +77,26 @@ def current_credential() -> Credential | None:
     return CURRENT_CREDENTIAL.get()
 
 
+class AmbiguousCredentials(ValueError):
+    """More than one ``authorization`` entry: which one counts is not for the server to guess."""
+
+
 def bearer_token(metadata: Any) -> str | None:
-    """The token of an ``authorization: Bearer <token>`` entry, or None."""
-    for key, value in metadata or ():
-        if key == "authorization":
-            text = value.decode() if isinstance(value, bytes) else value
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+    """The token of the ``authorization: Bearer <token>`` entry, or None; AmbiguousCredentials for two
+    entries or more.
+
+    NOTE: the scheme is case-insensitive and spaces around the token are dropped (RFC 6750 and
+    RFC 9110: ``Bearer`` 1*SP token, the scheme case-insensitive), so ``bearer  tok`` is ``tok``.
+    """
+    values = [value for key, value in metadata or () if key == "authorization"]
+    if len(values) > 1:
+        raise AmbiguousCredentials(f"{len(values)} authorization headers (or metadata entries): send exactly one")
+    if not values:
+        return None
+    text = values[0].decode() if isinstance(values[0], bytes) else values[0]
+    scheme, _, token = text.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
     return None
 
 
@@ -150,7 +162,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler  # unknown method: UNIMPLEMENTED as usual
-        token = bearer_token(details.invocation_metadata)
+        try:
+            token = bearer_token(details.invocation_metadata)
+        except AmbiguousCredentials as exc:
+            return self._deny(handler, (grpc.StatusCode.UNAUTHENTICATED, str(exc)))
         if token is None and self.mtls:
             return _wrap(handler, lambda ctx: self._by_identity(table, ctx, method))
         digest = token_digest(token) if token is not None else None

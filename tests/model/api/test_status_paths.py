@@ -41,7 +41,7 @@ INFERENCE: list[tuple[str, Callable[[grpc.Channel], Any], grpc.StatusCode, str]]
     ("json: schema not JSON", lambda ch: stub(ch).GenerateJSON(json_req("{nope"), timeout=60),
      grpc.StatusCode.INVALID_ARGUMENT, "not valid JSON"),
     ("json: schema over the size limit", lambda ch: stub(ch).GenerateJSON(json_req(" " * 70_000 + "{}"), timeout=60),
-     grpc.StatusCode.RESOURCE_EXHAUSTED, "the limit is 64000"),
+     grpc.StatusCode.INVALID_ARGUMENT, "the limit is 64000"),
     ("json: n > 1", lambda ch: stub(ch).GenerateJSON(json_req(n=2), timeout=60),
      grpc.StatusCode.INVALID_ARGUMENT, "GenerateJSON returns one document"),
     ("json: echo_prompt_logprobs", lambda ch: stub(ch).GenerateJSON(json_req(echo_prompt_logprobs=True), timeout=60),

@@ -140,7 +140,7 @@ def test_source_over_size_limit(ll_tok: Any) -> None:
     comp = jg.GrammarCompiler(ll_tok, max_source_bytes=100)
     with pytest.raises(jg.GrammarError) as ei:
         comp.compile("regex", "a" * 101)
-    assert ei.value.status == "RESOURCE_EXHAUSTED" and "limit is 100" in str(ei.value)
+    assert ei.value.status == "INVALID_ARGUMENT" and "limit is 100" in str(ei.value)  # permanent: never retried
     comp.close()
 
 
@@ -149,7 +149,7 @@ def test_grammar_over_parser_limits(ll_tok: Any) -> None:
     lark = "start: " + " | ".join(f'"w{i}"' for i in range(2_000))
     with pytest.raises(jg.GrammarError) as ei:
         comp.compile("lark", lark)
-    assert ei.value.status == "RESOURCE_EXHAUSTED" and "too big" in str(ei.value)
+    assert ei.value.status == "INVALID_ARGUMENT" and "too big" in str(ei.value)
     comp.close()
 
 

@@ -86,6 +86,13 @@ def test_connection_flags_become_grpc_options() -> None:
     assert defaults["grpc.keepalive_time_ms"] == 60_000
     # the name gRPC core reads (an unknown one is ignored: clients pinging every 10 s got too_many_pings)
     assert defaults["grpc.http2.min_ping_interval_without_data_ms"] == 10_000
+    # the flood limits (names as gRPC core spells them; grpcio 1.85 knows each)
+    assert defaults["grpc.max_allowed_incoming_connections"] == 1000
+    assert defaults["grpc.max_concurrent_streams"] == 256
+    assert defaults["grpc.server_handshake_timeout_ms"] == 10_000
+    assert defaults["grpc.max_connection_idle_ms"] == 300_000
+    off = dict(server_options(load_config(["--grpc-max-connection-idle-s", "0"], env={})))
+    assert "grpc.max_connection_idle_ms" not in off
 
 
 def test_connection_flags_from_environment_and_validation(capsys: pytest.CaptureFixture[str]) -> None:
