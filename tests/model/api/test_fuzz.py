@@ -240,8 +240,9 @@ def request_ids(gens: list[pb.GenerateRequest]) -> set[str]:
 
 def check_document(request: pb.GenerateJSONRequest, resp: pb.GenerateJSONResponse) -> None:
     """A GenerateJSON answer is a complete document valid against the request's schema, and its
-    log-probabilities (when asked for) spell it token by token."""
-    assert resp.finish_reason == pb.FINISH_REASON_STOP, resp
+    log-probabilities (when asked for) spell it token by token. It ended on its own (STOP) or was
+    closed within its token budget (CLOSED, the default --json-finish close)."""
+    assert resp.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_CLOSED), resp
     schema = json.loads(request.json_schema)
     jsonschema.validators.validator_for(schema)(schema).validate(json.loads(resp.json))
     if request.sampling.logprobs and not resp.cache_hit:
