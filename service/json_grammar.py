@@ -194,7 +194,7 @@ class GrammarMatcher:
     def fork(self) -> GrammarMatcher:
         """An independent copy of this state (to look a token ahead without committing it)."""
         self._catch_up()
-        return GrammarMatcher(self._m.deep_copy(), self._completer, self._hints, self._scan.copy())
+        return GrammarMatcher(self._m.deep_copy(), self._completer, self._hints, self._scan.deep_copy())
 
     def completion(self, limit: int) -> list[int] | None:
         """Tokens of the shortest completion found from here (``service.grammar.completion``).
@@ -212,8 +212,7 @@ class GrammarMatcher:
             return
         decode = self._completer.tokenizer.decode_bytes
         for token in self._pending:
-            for c in decode([token]):
-                self._scan.step(c)
+            self._scan.feed(decode([token]))  # records the keys: the completion never repeats one
         self._pending.clear()
 
     def error(self) -> GrammarError | None:

@@ -12,10 +12,13 @@ every byte):
   closers, then ``,`` (a required property or ``minItems`` item still to come),
   then the shortest values (``0``, ``""``, ``[]``, ``{}``, ``null``, ...);
 * at the first byte of an object key, the byte whose completion is shortest
-  (one non-branching search per allowed byte), so a required key wins over an
-  optional one the schema lists first;
-* inside a string, the closing quote; else the best-ranked allowed content
-  byte (``a``, ``1``, ``A``, then the rest), repeated: first as many as dry runs
+  (one non-branching search for each of the first ``KEY_OPTIONS`` allowed bytes:
+  the quote, then content bytes by rank, see below), so a required key wins over
+  an optional one the schema lists first;
+* inside a string, the closing quote (in an object key, only if the key is not
+  already in its object: the search records the keys of the document and its
+  own, and never repeats one, since llguidance's grammar would allow it); else
+  the best-ranked allowed content byte (``a``, ``1``, ``A``, then the rest), repeated: first as many as dry runs
   say close the string (a long ``minLength`` in a few steps), else one by one
   (forced bytes between them, as in a uuid); a string still open
   after ``RUN_CAP`` such bytes is redone: as the first of the schema's
@@ -25,7 +28,9 @@ every byte):
 
 The bytes are then tokenized by the model's tokenizer (far fewer tokens than
 one per byte) and replayed on a copy of the matcher; should that tokenization
-be refused, the one-byte tokens the search consumed are used instead.
+be refused, the one-byte tokens the search consumed are used instead. Bytes the
+grammar forces that would close a key already present end that branch of the
+search (no completion through it).
 
 NOTE: this is a greedy search, not a proof of minimality: the completion found
 is short (it never writes an optional property, an extra item or a longer value
@@ -110,10 +115,12 @@ class Completer:
         ``hints`` are whole string contents to try where repeating one byte does
         not close a string (``service.grammar.examples``). Neither argument is
         changed. None when the search finds no completion within ``max_bytes``,
-        or the one it finds is longer than ``limit`` tokens.
+        or the one it finds is longer than ``limit`` tokens. The completion
+        never writes an object key already present in its object (``scan``'s
+        key sets, as ``JsonScan.feed`` records them).
         """
         work = matcher.deep_copy()
-        data = self._search(work, scan.copy(), min(self.max_bytes, 16 * max(limit, 1) + 64), hints)
+        data = self._search(work, scan.deep_copy(), min(self.max_bytes, 16 * max(limit, 1) + 64), hints)
         if data is None:
             return None
         tokens = self._tokenize(matcher, data)
@@ -183,17 +190,21 @@ class Completer:
         self, m: llg.LLMatcher, scan: JsonScan, allowed: np.ndarray, cap: int, hints: Sequence[bytes]
     ) -> int | None:
         """At the first byte of an object key with several allowed: the one whose (non-branching)
-        completion is shortest, so a required key wins over an optional one listed before it."""
+        completion is shortest, so a required key wins over an optional one listed before it.
+        The first ``KEY_OPTIONS`` allowed bytes are tried: the quote (an empty key), then content
+        bytes by rank; of equally short completions, the first tried wins."""
         options = np.flatnonzero(allowed)
         if len(options) < 2:
             return None
+        order = np.where(options == QUOTE, -1, CONTENT_RANK[options])  # "" (the empty key), a, 1, A, 0, ...
+        options = options[np.argsort(order, kind="stable")]
         best: tuple[int, int] | None = None
         for b in options[:KEY_OPTIONS]:
-            trial, trial_scan, data = m.deep_copy(), scan.copy(), bytearray()
+            trial, trial_scan, data = m.deep_copy(), scan.deep_copy(), bytearray()
             if not self._take(trial, trial_scan, bytes([int(b)]), data, _StringRun()):
                 continue
             rest = self._search(trial, trial_scan, cap, hints, branch=False)
-            if rest is not None and (best is None or len(rest) < best[1]):
+            if rest is not None and (best is None or len(rest) < best[1]):  # ties: the first tried
                 best = (int(b), len(rest))
         return None if best is None else best[0]
 
@@ -207,12 +218,14 @@ class Completer:
         return None
 
     def _take(self, m: llg.LLMatcher, scan: JsonScan, data: bytes, out: bytearray, run: _StringRun) -> bool:
+        """Consume ``data`` byte by byte; False if the grammar refuses a byte or it would close an
+        object key already present (the grammar allows that; the service never writes it)."""
         for b in data:
             t = int(self.bytes.ids[b])
-            if t < 0 or not m.consume_token(t):
+            if t < 0 or (b == QUOTE and scan.quote_repeats_key()) or not m.consume_token(t):
                 return False
             was_in = scan.in_string
-            scan.step(b)
+            scan.feed(bytes([b]))
             out.append(b)
             run.track(scan, was_in, len(out))
         return True
@@ -253,7 +266,7 @@ class _StringRun:
     def track(self, scan: JsonScan, was_in: bool, pos: int) -> None:
         """After each byte (and once at the start): a string was opened (content from ``pos`` on) or closed."""
         if scan.in_string and not was_in:
-            self.start, self.varied, self.saved = pos, False, scan.copy()
+            self.start, self.varied, self.saved = pos, False, scan.deep_copy()
             self.uses.clear()
         elif was_in and not scan.in_string:
             self.start, self.varied, self.saved = -1, False, None
@@ -269,14 +282,15 @@ class _StringRun:
         assert self.saved is not None
         self.varied = True
         self.uses.clear()
-        return self.saved.copy()
+        return self.saved.deep_copy()
 
     def choose(self, allowed: np.ndarray, scan: JsonScan) -> int | None:
         """The next byte: see the module docstring for the order."""
         if scan.in_string:
-            if allowed[QUOTE]:
+            if allowed[QUOTE] and not scan.quote_repeats_key():
                 return QUOTE
             options = np.flatnonzero(allowed)
+            options = options[options != QUOTE]  # a quote here would repeat a key
             if not len(options):
                 return None
             if not self.varied:
@@ -306,6 +320,5 @@ def scan_of(token_bytes: Sequence[bytes]) -> JsonScan:
     """A JSON scan that has read ``token_bytes`` (the document so far)."""
     scan = JsonScan()
     for data in token_bytes:
-        for c in data:
-            scan.step(c)
+        scan.feed(data)
     return scan

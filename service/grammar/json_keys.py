@@ -5,6 +5,10 @@ written again (through ``additionalProperties``, which defaults to true). The
 grammar cannot express "a key not used yet", so this guard tracks the document
 as it is generated and, while an object key is being written, bans every
 token that would close the key string on a key already present in that object.
+The guard acts on sampled tokens only: budget-aware completion writes its
+tokens without sampling, so its search (``service.grammar.completion``) keeps
+the same rule on its own ``JsonScan`` (never a quote that repeats a key), and
+the guard is fed every appended token, forced ones included.
 
 The scan works on the raw JSON bytes (keys are compared as written, escapes
 included); the final ``jsonschema`` validation remains the last safety net for
@@ -43,11 +47,39 @@ class JsonScan:
     buf: bytearray = field(default_factory=bytearray)
 
     def copy(self) -> JsonScan:
-        # NOTE: the stack's sets are shared, not copied: a trial never mutates them (it stops at
-        # the first closed key).
+        # NOTE: the stack's sets are shared, not copied: only for a trial that never records a
+        # key (``KeyGuard._repeats`` stops at the first closed key). A copy that goes on reading
+        # (``feed``) must be a ``deep_copy``, or its keys would appear in the original's objects.
         return JsonScan(
             list(self.stack), self.expect_key, self.in_string, self.is_key, self.escape, bytearray(self.buf)
         )
+
+    def deep_copy(self) -> JsonScan:
+        """An independent copy, the objects' key sets included (for a copy that records keys)."""
+        return JsonScan(
+            [None if keys is None else set(keys) for keys in self.stack],
+            self.expect_key,
+            self.in_string,
+            self.is_key,
+            self.escape,
+            bytearray(self.buf),
+        )
+
+    def feed(self, data: bytes) -> None:
+        """Advance over ``data``, recording every key it closes in its object."""
+        for c in data:
+            key = self.step(c)
+            if key is not None:
+                keys = self.stack[-1] if self.stack else None
+                if keys is not None:
+                    keys.add(key)
+
+    def quote_repeats_key(self) -> bool:
+        """A quote now would close an object key already present in its object."""
+        if not (self.in_string and self.is_key and not self.escape and self.stack):
+            return False
+        keys = self.stack[-1]
+        return keys is not None and bytes(self.buf) in keys
 
     def step(self, c: int) -> bytes | None:
         """Advance by one byte; returns a key when this byte closed one (not yet recorded)."""
@@ -93,13 +125,8 @@ class KeyGuard:
         self.scan = JsonScan()
 
     def feed(self, data: bytes) -> None:
-        """The bytes of a token that was appended to the document."""
-        for c in data:
-            key = self.scan.step(c)
-            if key is not None:
-                keys = self.scan.stack[-1]
-                if keys is not None:
-                    keys.add(key)
+        """The bytes of a token that was appended to the document (sampled or forced, every one)."""
+        self.scan.feed(data)
 
     def _at_key(self) -> bool:
         s = self.scan

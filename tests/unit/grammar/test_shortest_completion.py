@@ -180,3 +180,59 @@ def test_forced_completion_is_valid_json_for_a_draft_07_schema(compiler: Any, mo
     completion = compiler.matcher(compiled).completion(100)
     assert completion is not None
     jsonschema.validate(json.loads(text_of(model_vocab, completion)), schema)
+
+
+# (schema, a document cut where the completion must write an object key or close one, the
+# completion expected): additionalProperties defaults to true, so llguidance's grammar would
+# take a key already present; the completion must never write one.
+REPEATED_KEYS: list[tuple[dict[str, Any], str, str]] = [
+    ({"type": "object"}, '{"Mike":1,"Mike', 'a":0}'),  # the fuzz failure: cut inside a key present
+    ({"type": "object"}, '{"Mike":1,"Mi', '":0}'),
+    ({"type": "object", "minProperties": 2}, '{"":1', ',"a":0}'),
+    ({"type": "object", "minProperties": 3}, "{", ""),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, '{"a":1,"a', 'a":0}'),
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "minProperties": 2}, '{"x":1,"x', 'a":0}'),
+    ({"type": "object", "properties": {"o": {"type": "object"}}}, '{"o":{"o":{"k":1,"k', 'a":0}}}'),
+]
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), f"duplicate key in {keys}"
+    return dict(pairs)
+
+
+@pytest.mark.parametrize(("schema", "cut", "rest"), REPEATED_KEYS, ids=[c for _, c, _ in REPEATED_KEYS])
+def test_completion_never_writes_a_key_already_in_its_object(
+    compiler: Any, model_vocab: Any, schema: dict[str, Any], cut: str, rest: str
+) -> None:
+    compiled, _, _ = compiler.compile("json_schema", json.dumps(schema))
+    m = compiler.matcher(compiled)
+    tokens = model_vocab.tokenize(cut, add_special=False, parse_special=False)
+    force(m, tokens)
+    ahead = m.fork()  # the look-ahead's fork: the keys its completion writes stay in the fork
+    assert ahead.completion(100) is not None
+    completion = m.completion(100)
+    assert completion is not None
+    text = cut + text_of(model_vocab, completion)
+    json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    jg.validate_document(compiled, text)
+    if rest:
+        assert text == cut + rest
+    force(m, completion)
+    assert m.is_accepting()
+
+
+def test_a_fork_keeps_the_keys_it_reads_to_itself(compiler: Any, model_vocab: Any) -> None:
+    """The look-ahead's fork reads a token the engine may then drop: its key must not count in the original."""
+    compiled, _, _ = compiler.compile("json_schema", json.dumps({"type": "object"}))
+    tokenize = lambda s: model_vocab.tokenize(s, add_special=False, parse_special=False)  # noqa: E731
+    m = compiler.matcher(compiled)
+    force(m, tokenize('{"k":1,'))
+    ahead = m.fork()
+    force(ahead, tokenize('"Mike":2'))
+    assert ahead.completion(100) is not None
+    force(m, tokenize('"Mike'))
+    completion = m.completion(100)
+    assert completion is not None
+    assert text_of(model_vocab, completion) == '":0}'
