@@ -96,6 +96,42 @@ class OpenStream:
         self._thread.join(timeout)
 
 
+class EngineHold:
+    """A step hook that holds the engine thread at the end of every step until ``release()``, or until
+    ``until()`` holds (chained to the hook already installed; ``with`` restores it): what is running
+    provably stays where it is while the test acts, however busy the machine.
+
+    NOTE: a held step counts against the watchdog's --step-timeout-s (60 s by default), so a hold lasts
+    at most ``ceiling`` seconds.
+    """
+
+    def __init__(self, engine: Any, until: Callable[[], bool] | None = None, ceiling: float = 45.0) -> None:
+        self.engine, self.until, self.ceiling = engine, until, ceiling
+        self._released = threading.Event()
+        self._chained: Callable[[Any], None] | None = None
+
+    def __enter__(self) -> EngineHold:
+        self._chained = self.engine.step_hook
+        self.engine.step_hook = self
+        return self
+
+    def __call__(self, engine: Any) -> None:
+        if self._chained is not None:
+            self._chained(engine)
+        if self.until is None:
+            self._released.wait(self.ceiling)
+        elif not wait_for(lambda: self._released.is_set() or bool(self.until and self.until()), self.ceiling, 0.002):
+            raise AssertionError("EngineHold: the condition never came")  # fails the step: loud
+        self._released.set()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.step_hook = self._chained
+        self.release()
+
+
 class MarginRecorder:
     """Engine logits hook: per request id, each sampled row's 8 best tokens and their logits."""
 

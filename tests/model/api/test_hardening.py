@@ -26,6 +26,7 @@ from service.__main__ import ENGINE_FAILED_EXIT, run_until_stopped
 from service.request.sequence import Priority
 from tests.support.helpers import OpenStream, collect, req, run_stream
 from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_idle
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.model
 
@@ -41,15 +42,21 @@ def drain(stream: OpenStream) -> list[pb.GenerateResponse]:
     return out
 
 
-def slow_prepare(server: RunningServer, monkeypatch: pytest.MonkeyPatch, delay: float) -> None:
-    """Make grammar preparation take ``delay`` seconds (a slow schema compile)."""
-    grammar = server.server.intake.grammar
-    real = grammar.matcher_for
+def prepare_until_cancelled(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold grammar preparation (a slow schema compile) until the request's flight is cancelled."""
+    intake, grammar = server.server.intake, server.server.intake.grammar
+    real_open, real_matcher = intake.open, grammar.matcher_for
+    flights: list[Any] = []
+
+    def open_(*args: Any, **kwargs: Any) -> Any:
+        flights.append(flight := real_open(*args, **kwargs))
+        return flight
 
     async def slow(kind: str, source: str) -> Any:
-        await asyncio.sleep(delay)
-        return await real(kind, source)
+        assert await until(lambda: all(f.cancelled for f in flights), timeout=60), "the cancel never came"
+        return await real_matcher(kind, source)
 
+    monkeypatch.setattr(intake, "open", open_)
     monkeypatch.setattr(grammar, "matcher_for", slow)
 
 
@@ -60,12 +67,12 @@ def fresh_schema() -> str:
 def test_cancel_during_preparation_ends_the_stream(
     server: RunningServer, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slow_prepare(server, monkeypatch, 0.5)
-    stream = OpenStream(channel, timeout=20)
+    prepare_until_cancelled(server, monkeypatch)  # the cancel provably comes during preparation
+    stream = OpenStream(channel, timeout=120)
     stream.send(req("j", "x", 8, response_format=pb.ResponseFormat(json_schema=fresh_schema())))
     stream.send(pb.GenerateRequest(request_id="j", cancel=True))
     stream.close()
-    stream.join(25)
+    stream.join(120)
     assert not hasattr(stream, "error"), stream.error  # the RPC completed: no DEADLINE_EXCEEDED
     events = drain(stream)
     assert [e.WhichOneof("event") for e in events] == ["done"]
@@ -365,6 +372,12 @@ def test_stream_left_unread_past_the_stall_timeout_is_cancelled() -> None:
         srv.close()
 
 
+# The shed test: QUEUED requests wait behind one running place; with no request finished yet, the
+# engine's estimate is about 1 s per queued request (service.scheduler.admission.RetryHints), far more
+# than HURRY_TIMEOUT_S, which is itself far more than the request needs to reach admission.
+QUEUED, HURRY_TIMEOUT_S = 24, 8.0
+
+
 def test_deadline_that_cannot_be_met_is_shed_at_admission() -> None:
     srv = start_server(max_running=1, kv_lanes=8, step_tokens=64)
     try:
@@ -373,13 +386,14 @@ def test_deadline_that_cannot_be_met_is_shed_at_admission() -> None:
             hold.send(req("long", "Tell me a long story.", 2000, ignore_eos=True))
             hold.next_event()
             queued = OpenStream(ch)
-            queued.send(req("queued", "Tell me another story.", 50, ignore_eos=True))
-            assert wait_for(lambda: srv.engine.admission.depth(Priority.INTERACTIVE) == 1)
-            out = run_stream(ch, [req("hurry", "Hi", 4)], timeout=0.5)["hurry"]
+            for i in range(QUEUED):
+                queued.send(req(f"queued{i}", "Tell me another story.", 50, ignore_eos=True))
+            assert wait_for(lambda: srv.engine.admission.depth(Priority.INTERACTIVE) == QUEUED)
+            out = run_stream(ch, [req("hurry", "Hi", 4)], timeout=HURRY_TIMEOUT_S)["hurry"]
             hold.call.cancel()
             queued.call.cancel()
         assert out.error is not None and out.error.status == "RESOURCE_EXHAUSTED"
-        assert "deadline cannot be met" in out.error.message and out.error.retry_after_ms > 0
+        assert "deadline cannot be met" in out.error.message and out.error.retry_after_ms > HURRY_TIMEOUT_S * 1000
         wait_idle(srv)
     finally:
         srv.close()

@@ -323,7 +323,7 @@ def test_each_item_run_has_a_span_linked_to_the_create_call_and_parent_of_its_re
             rpc = [s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER]
             return bool(rpc) and len([s for s in spans if s.name == "batch_item"]) == 2
 
-        assert wait_for(ended, timeout=10)
+        assert wait_for(ended, timeout=60)
         spans = traced.spans.get_finished_spans()
         rpc = next(s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER)
         assert rpc.name == "/inference.v1.BatchService/CreateBatch"

@@ -41,7 +41,7 @@ def client(server: Any) -> Iterator[InferenceClient]:
         yield c
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout: float = 60.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():

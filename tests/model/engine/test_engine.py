@@ -10,7 +10,16 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
-from tests.support.helpers import OpenStream, collect, forced_to, recording, req, run_stream
+from tests.support.helpers import (
+    EngineHold,
+    OpenStream,
+    collect,
+    forced_to,
+    recording,
+    req,
+    run_stream,
+    wait_for,
+)
 from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_idle
 
 pytestmark = pytest.mark.model
@@ -27,15 +36,25 @@ PROMPTS = [
 
 def test_many_requests_share_decode_steps(server: RunningServer, channel: grpc.Channel) -> None:
     before = server.engine.metrics.snapshot()["batch_sizes"]
+
+    def accepted() -> int:
+        return sum(t.requests for t in server.engine.metrics.tiers.values())
+
+    accepted_before = accepted()
     results: dict[int, dict] = {}
 
     def one_stream(k: int) -> None:
         with grpc.insecure_channel(server.target) as ch:
             results[k] = run_stream(ch, [req(f"s{k}-{i}", p, 24) for i, p in enumerate(PROMPTS[:3])])
 
-    threads = [threading.Thread(target=one_stream, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
+    # NOTE: the engine is held after its first step until both streams' requests are all in, so a
+    # stream that connects late on a busy machine still finds the other's requests running.
+    with EngineHold(server.engine) as hold:
+        threads = [threading.Thread(target=one_stream, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: accepted() - accepted_before == 6), "the six requests were not all submitted"
+        hold.release()
     for t in threads:
         t.join(120)
     for k in range(2):
@@ -112,7 +131,7 @@ def test_disconnect_frees_kv(server: RunningServer) -> None:
     assert server.engine.scheduler.running, "request should be running"
     stream.call.cancel()  # the client goes away mid-generation
     ch.close()
-    wait_idle(server, timeout=10)
+    wait_idle(server)
     assert_kv_clean(server)
 
 
@@ -121,7 +140,7 @@ def test_deadline_frees_kv(server: RunningServer, channel: grpc.Channel) -> None
     with pytest.raises(grpc.RpcError) as info:
         collect(stub.Generate(iter([req("slow", PROMPTS[3], 2000, ignore_eos=True)]), timeout=1.0))
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    wait_idle(server, timeout=10)
+    wait_idle(server)
     assert_kv_clean(server)
 
 

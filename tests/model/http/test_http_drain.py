@@ -25,7 +25,7 @@ def test_drain_refuses_new_http_requests_and_lets_streams_finish() -> None:
             lines = r.iter_lines()
             assert next(x for x in lines if x.startswith("data: "))
             drained = asyncio.run_coroutine_threadsafe(srv.server.drain(30.0), srv.loop)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while http.get("/health").status_code == 200:
                 assert time.monotonic() < deadline
             refused = http.post("/v1/chat/completions",

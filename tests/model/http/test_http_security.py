@@ -18,7 +18,7 @@ import pytest
 
 from tests.model.http.conftest import MODEL
 from tests.support.certs import CA
-from tests.support.helpers import OpenStream, req, run_stream
+from tests.support.helpers import EngineHold, OpenStream, req, run_stream
 from tests.support.server import RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.model
@@ -117,13 +117,16 @@ def test_tokens_per_minute_quota_is_rate_limit_error_with_retry_after(secure: Ru
 
 
 def test_http_and_grpc_share_the_tenants_concurrency_quota(secure: RunningServer, setup: Setup) -> None:
-    with grpc_channel(secure, setup) as ch:
+    with grpc_channel(secure, setup) as ch, EngineHold(secure.engine) as hold:
         stream = OpenStream(ch, metadata=bearer("solo"))
         stream.send(req("long", "Count slowly:", 64, ignore_eos=True))
-        assert stream.next_event().WhichOneof("event") == "delta"  # the gRPC request holds solo's one slot
+        # the gRPC request holds solo's one slot (and is held after its first step: it cannot finish
+        # before the HTTP request's turn on a busy machine)
+        assert stream.next_event().WhichOneof("event") == "delta"
         with pytest.raises(openai.RateLimitError) as info:
             sdk(secure, setup, "solo").completions.create(model=MODEL, prompt="hi", max_tokens=2)
         assert info.value.body["code"] == "max_concurrent"
+        hold.release()
         stream.close()
         while stream.next_event().WhichOneof("event") != "done":
             pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -10,11 +11,23 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from service.request.sequence import Priority
-from tests.support.helpers import MarginRecorder, OpenStream, assert_same_greedy, req, run_stream
+from tests.support.clock import ShiftedClock
+from tests.support.helpers import (
+    EngineHold,
+    MarginRecorder,
+    OpenStream,
+    assert_same_greedy,
+    req,
+    run_stream,
+    wait_for,
+)
 from tests.support.server import RunningServer, assert_kv_clean, start_server, wait_idle
 
 pytestmark = pytest.mark.model
 
+# The batch requests' length: the interactive one arrives a few steps in (the engine is held for it),
+# so most of each preempted request's tokens come after its resume and are compared.
+BATCH_TOKENS = 40
 TOPICS = ("rivers", "mountains", "volcanoes", "deserts", "glaciers", "forests", "oceans", "islands")
 
 
@@ -39,23 +52,24 @@ def test_interactive_preempts_full_batch_and_batch_output_is_unchanged(
     rec = MarginRecorder()
     eng.logits_hook = rec
     try:
-        reference = run_stream(channel, batch_reqs(80))  # never preempted
+        reference = run_stream(channel, batch_reqs(BATCH_TOKENS))  # never preempted
     finally:
         eng.logits_hook = None
     wait_idle(server)
 
     stream = OpenStream(channel)
-    for r in batch_reqs(80):
+    for r in batch_reqs(BATCH_TOKENS):
         stream.send(r)
-    deadline = time.monotonic() + 30
-    while len(eng.scheduler.running) < 8 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    assert wait_for(lambda: len(eng.scheduler.running) == 8, interval=0.002), "the batch never filled every place"
     preempt_before = eng.scheduler.preemptions.copy()
-    stream.send(req("inter", "Quick question: what is 2+2?", 4, priority=pb.PRIORITY_INTERACTIVE))
-    # Count engine steps from the moment the engine has the request (the RPC path before it is not ours).
-    while not any(s.request_id == "inter" for s in list(eng.scheduler.waiting) + list(eng.scheduler.running)):
-        time.sleep(0.001)
-    steps_before = eng.metrics.steps
+    # NOTE: the engine holds after a step until "inter" is submitted: the batch cannot run on to its end
+    # (and free places) while a busy machine delays the RPC.
+    with EngineHold(eng, until=lambda: eng.admission.depth(Priority.INTERACTIVE) >= 1):
+        stream.send(req("inter", "Quick question: what is 2+2?", 4, priority=pb.PRIORITY_INTERACTIVE))
+        # Count engine steps from the moment the engine has the request (the RPC path before it is not ours).
+        while not any(s.request_id == "inter" for s in list(eng.scheduler.waiting) + list(eng.scheduler.running)):
+            time.sleep(0.001)
+        steps_before = eng.metrics.steps
     results: dict[str, list[int]] = {}
     first_inter_step = None
     finished = set()
@@ -93,16 +107,24 @@ def tight() -> RunningServer:
 
 def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
     rejected_before = tight.engine.metrics.snapshot()["tiers"][0]["rejected"]
+
+    def rejected_now() -> int:
+        return int(tight.engine.metrics.snapshot()["tiers"][0]["rejected"] - rejected_before)
+
+    # NOTE: "a" runs, "b" takes the one queue place (or is refused too, if it came before "a" left the
+    # queue); the engine holds after a step until "c" and "d" were refused, so "a" cannot have
+    # finished and freed the places first on a busy machine.
     with grpc.insecure_channel(tight.target) as ch:
-        out = run_stream(
-            ch,
-            [
-                req("a", "Tell me a story.", 40, ignore_eos=True),
-                req("b", "Hi", 4),
-                req("c", "Hello", 4),
-                req("d", "Hey", 4),
-            ],
-        )
+        with EngineHold(tight.engine, until=lambda: rejected_now() >= 2):
+            out = run_stream(
+                ch,
+                [
+                    req("a", "Tell me a story.", 40, ignore_eos=True),
+                    req("b", "Hi", 4),
+                    req("c", "Hello", 4),
+                    req("d", "Hey", 4),
+                ],
+            )
         errors = {k: r.error for k, r in out.items() if r.error is not None}
         assert errors, "a full interactive queue must reject"
         for e in errors.values():
@@ -119,10 +141,7 @@ def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
         stream.send(req("queued", "Hi", 4))
         # NOTE: the stream's messages reach the server asynchronously; reject only
         # once "queued" really holds the one queue place.
-        deadline = time.monotonic() + 10
-        while tight.engine.admission.depth(Priority.INTERACTIVE) < 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert tight.engine.admission.depth(Priority.INTERACTIVE) == 1
+        assert wait_for(lambda: tight.engine.admission.depth(Priority.INTERACTIVE) == 1)
         stub = pb_grpc.InferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as info:
             stub.GenerateJSON(pb.GenerateJSONRequest(prompt="x", json_schema='{"type":"object"}'))
@@ -136,26 +155,46 @@ def test_queue_limit_rejects_with_retry_hint(tight: RunningServer) -> None:
     assert_kv_clean(tight)
 
 
-def test_deadline_expires_in_queue_without_running() -> None:
+# A deadline far beyond the test's run: only the scheduler's clock, moved forward, reaches it.
+RPC_TIMEOUT_S = 60.0
+
+
+def test_deadline_expires_in_queue_without_running(tight: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine itself ends a queued request at its deadline: it is never scheduled, and the
-    client gets the server's DEADLINE_EXCEEDED event (not just the RPC's own timeout)."""
-    srv = start_server(max_running=1, kv_lanes=8, step_tokens=64)  # fresh: no other traffic
+    client gets the server's DEADLINE_EXCEEDED event (not just the RPC's own timeout).
+
+    NOTE: the request's deadline is its RPC's (generous); the scheduler's clock jumps past it once
+    the request is submitted, so the server's event comes at once and the RPC's own timer, a
+    minute away, cannot race it on any machine.
+    """
+    wait_idle(tight)  # no other traffic: "long" below holds the only running place
+    clock = ShiftedClock()
+    monkeypatch.setattr(tight.engine.scheduler, "_clock", clock)
     submitted: list = []
-    submit = srv.engine.submit
-    srv.engine.submit = lambda seq: (submitted.append(seq), submit(seq))[1]  # type: ignore[method-assign]
-    try:
-        with grpc.insecure_channel(srv.target) as ch:
-            stream = OpenStream(ch)
-            # Same tier: no preemption; "long" holds the only running place for the whole test.
-            stream.send(req("long", "Tell me a long story.", 2000, ignore_eos=True))
-            stream.next_event()
-            late = run_stream(ch, [req("late", "Hi", 4)], timeout=1.0)["late"]
-            stream.call.cancel()
-            stream.join()
-        assert late.error is not None and late.error.status == "DEADLINE_EXCEEDED", late
-        assert "queued" in late.error.message and late.text == ""
-        seq = next(s for s in submitted if s.request_id == "late")
-        assert seq.first_scheduled is None and seq.num_computed == 0  # never ran
-        assert_kv_clean(srv)
-    finally:
-        srv.close()
+    submit = tight.engine.submit
+
+    def spy(seq: Any) -> None:
+        submit(seq)
+        submitted.append(seq)
+        if seq.request_id == "late":
+            clock.advance(2 * RPC_TIMEOUT_S)  # queued now: for the scheduler, its deadline has passed
+
+    monkeypatch.setattr(tight.engine, "submit", spy)
+    with grpc.insecure_channel(tight.target) as ch:
+        stream = OpenStream(ch)
+        # Same tier: no preemption; "long" holds the only running place for the whole test.
+        stream.send(req("long", "Tell me a long story.", 2000, ignore_eos=True))
+        stream.next_event()
+        sent = time.monotonic()
+        late = run_stream(ch, [req("late", "Hi", 4)], timeout=RPC_TIMEOUT_S)["late"]
+        answered = time.monotonic()
+        stream.call.cancel()
+        stream.join()
+    assert late.error is not None and late.error.status == "DEADLINE_EXCEEDED", late
+    assert "queued" in late.error.message and late.text == ""
+    seq = next(s for s in submitted if s.request_id == "late")
+    # The deadline the scheduler expired is the RPC's (service.api.readiness.rpc_deadline), within
+    # a second: gRPC's timeout header keeps few digits, rounded up.
+    assert sent + RPC_TIMEOUT_S - 1.0 < seq.deadline < answered + RPC_TIMEOUT_S + 1.0
+    assert seq.first_scheduled is None and seq.num_computed == 0  # never ran
+    assert_kv_clean(tight)

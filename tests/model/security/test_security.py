@@ -19,7 +19,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from tests.support.certs import CA, Pem
-from tests.support.helpers import req, run_stream, wait_for
+from tests.support.helpers import EngineHold, OpenStream, collect, req, run_stream, wait_for
 from tests.support.server import RunningServer, start_server, wait_idle
 
 pytestmark = pytest.mark.model
@@ -187,14 +187,19 @@ def test_plaintext_client_is_refused(secure: RunningServer) -> None:
 
 
 def test_quota_max_concurrent_in_stream(secure: RunningServer, setup: Setup) -> None:
-    with setup.channel(secure.port) as ch:
-        results = run_stream(
-            ch,
-            [req("long", "Count:", 32, ignore_eos=True), req("second", "Hi", 4)],
-            metadata=bearer("tight"),
-            timeout=60,
-        )
-    assert results["long"].done is not None
+    with setup.channel(secure.port) as ch, EngineHold(secure.engine) as hold:
+        stream = OpenStream(ch, timeout=60, metadata=bearer("tight"))
+        stream.send(req("long", "Count:", 32, ignore_eos=True))
+        stream.send(req("second", "Hi", 4))
+        stream.close()
+        # "long" is held after its first step until "second" has its answer: it provably still runs then
+        events = [stream.next_event()]
+        while events[-1].request_id != "second":
+            events.append(stream.next_event())
+        hold.release()
+        stream.join()
+    results = collect([*events, *stream.events.queue])
+    assert results["long"].done is not None and results["long"].done.usage.completion_tokens == 32
     err = results["second"].error
     assert err is not None and err.status == "RESOURCE_EXHAUSTED", results["second"]
     assert "max_concurrent quota" in err.message and "not server overload" in err.message

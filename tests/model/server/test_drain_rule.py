@@ -124,10 +124,11 @@ def wait_for(cond: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def draining() -> Iterator[tuple[RunningServer, OpenStream, str]]:
     """A real server draining (``InferenceServer.drain``, as on SIGTERM) while one long request keeps it
-    in its grace period; yields the server, the open stream of that request and an existing batch id."""
+    in its grace period; yields the server, the open stream of that request and an existing batch id.
+    Shared by the module's tests (each only asks; nothing they do ends the drain)."""
     srv = start_server()
     ch = grpc.insecure_channel(srv.target)
     try:

@@ -154,11 +154,11 @@ def test_retry_budget_is_bounded(stub: Callable[[Any], str]) -> None:
 
 
 def test_deadline_caps_retry_waits(stub: Callable[[Any], str]) -> None:
-    servicer = StubServicer(grpc.StatusCode.RESOURCE_EXHAUSTED, failures=100, hint_ms=5000)
-    with InferenceClient(stub(servicer), retry=FAST, timeout=1.0) as c, pytest.raises(InferenceError) as info:
+    servicer = StubServicer(grpc.StatusCode.RESOURCE_EXHAUSTED, failures=100, hint_ms=600_000)
+    with InferenceClient(stub(servicer), retry=FAST, timeout=30.0) as c, pytest.raises(InferenceError) as info:
         c.metrics()
-    # a 5 s wait would pass the 1 s deadline: it is not started, the first answer is final
-    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and info.value.retry_after == 5.0
+    # a 600 s wait would pass the 30 s deadline: it is not started, the first answer is final
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and info.value.retry_after == 600.0
     assert info.value.attempts == 1 and len(servicer.times) == 1
 
 

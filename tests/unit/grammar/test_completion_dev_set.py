@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,71 +89,104 @@ def forced_outcome(compiler: Any, model_vocab: Any, compiled: Any, prefix: list[
     return "valid"
 
 
-def test_forced_completions_validate_for_every_dev_schema_that_compiles(
-    rows: list[dict[str, Any]], compiler: Any, model_vocab: Any
-) -> None:
+@dataclass
+class DevSetPass:
+    """What one pass over the dev split found, for both tests below (each schema compiled once)."""
+
+    checks: int = 0  # forced completions checked (the prefix accepted)
+    approx_checks: int = 0
+    approx_failed: int = 0
+    exact: dict[str, list[str]] = field(default_factory=lambda: {"invalid": [], "none": []})
+    instances: int = 0  # valid instances walked for repetition control
+    touched: int = 0  # their tokens the penalty reached
+    narrow: int = 0  # ... and left alone (a narrow row)
+    refused: list[tuple[str, int]] = field(default_factory=list)  # (schema id, position) the penalty refused
+
+
+@pytest.fixture(scope="module")
+def dev_pass(rows: list[dict[str, Any]], compiler: Any, model_vocab: Any) -> DevSetPass:
+    """Both checks on every dev schema that compiles.
+
+    NOTE: one pass, not one per test: compiling the 4,600 schemas is a third of the work.
+    """
     rng = random.Random(SEED)
-    exact: dict[str, list[str]] = {"invalid": [], "none": []}
-    approx_checks, approx_failed, checks = 0, 0, 0
+    masks = jg.MaskBatch(compiler.completer.tokenizer, model_vocab.n_vocab, 1, threads=1)
+    found = DevSetPass()
     for row in rows:
         try:
             compiled, _, _ = compiler.compile("json_schema", json.dumps(row["schema"]))
         except jg.GrammarError:
             continue
-        cuts: list[list[int]] = [[]]
-        valid = [t["data"] for t in row["tests"] if t["valid"]]
-        if valid:
-            tokens = tokens_of(model_vocab, valid[0])
-            cuts.append(tokens[: rng.randint(0, len(tokens))])
-        for prefix in cuts:
-            outcome = forced_outcome(compiler, model_vocab, compiled, prefix)
-            checks += outcome != "prefix"
-            if compiled.approximations:
-                approx_checks += outcome != "prefix"
-                approx_failed += outcome in ("invalid", "none")
-            elif outcome in exact:
-                exact[outcome].append(f"{row['id']} cut at {len(prefix)}")
-    print(f"\n{checks} forced completions; approximated schemas: {approx_failed}/{approx_checks} failed")
-    assert checks > 8000
-    assert exact["invalid"] == []
+        forced_completions(found, row, compiled, rng, compiler, model_vocab)
+        repetition_control(found, row, compiled, masks, compiler, model_vocab)
+    return found
+
+
+def forced_completions(
+    found: DevSetPass, row: dict[str, Any], compiled: Any, rng: random.Random, compiler: Any, model_vocab: Any
+) -> None:
+    """The completion forced from the start, and from a random cut of the first valid instance."""
+    cuts: list[list[int]] = [[]]
+    valid = [t["data"] for t in row["tests"] if t["valid"]]
+    if valid:
+        tokens = tokens_of(model_vocab, valid[0])
+        cuts.append(tokens[: rng.randint(0, len(tokens))])
+    for prefix in cuts:
+        outcome = forced_outcome(compiler, model_vocab, compiled, prefix)
+        found.checks += outcome != "prefix"
+        if compiled.approximations:
+            found.approx_checks += outcome != "prefix"
+            found.approx_failed += outcome in ("invalid", "none")
+        elif outcome in found.exact:
+            found.exact[outcome].append(f"{row['id']} cut at {len(prefix)}")
+
+
+def repetition_control(
+    found: DevSetPass, row: dict[str, Any], compiled: Any, masks: Any, compiler: Any, model_vocab: Any
+) -> None:
+    """Wherever the penalty would touch a valid instance's next token, the real sampler path (grammar
+    mask, then ``penalize_rows``) keeps that token allowed."""
+    params = SamplingParams(json_repeat_penalty=REPEAT_PENALTY)
+    for data in (t["data"] for t in row["tests"] if t["valid"]):
+        tokens = tokens_of(model_vocab, data)
+        found.instances += 1
+        m = compiler.matcher(compiled)
+        for i, token in enumerate(tokens):
+            probe = np.zeros(model_vocab.n_vocab, dtype=np.float32)
+            penalties.dry(probe, np.asarray(tokens[:i], dtype=np.int64), REPEAT_PENALTY)
+            if probe[token] < 0:  # the penalty would touch this instance's next token here
+                logits = np.zeros((1, model_vocab.n_vocab), dtype=np.float32)
+                masks.fill_and_apply([m], logits, [0])
+                if not np.isfinite(logits[0, token]):
+                    break  # the grammar itself refuses it (counted by the coverage suite), not the penalty
+                seq = Sequence(request_id="r", token_ids=[0], params=params)
+                seq.token_ids += tokens[:i]  # the output so far (the prompt is token 0)
+                penalties.penalize_rows(logits, [seq])
+                if not np.isfinite(logits[0, token]):
+                    found.refused.append((row["id"], i))
+                found.touched += 1
+                found.narrow += bool(logits[0, token] == 0.0)
+            try:
+                m.consume(token)
+            except jg.GrammarError:
+                break  # refused by the grammar itself (counted by the coverage suite), not by the penalty
+
+
+def test_forced_completions_validate_for_every_dev_schema_that_compiles(dev_pass: DevSetPass) -> None:
+    found = dev_pass
+    print(f"\n{found.checks} forced completions; approximated schemas: {found.approx_failed}/{found.approx_checks} failed")
+    assert found.checks > 8000
+    assert found.exact["invalid"] == []
     # NOTE: a completion longer than the search's byte bound (e.g. minItems: 600) or a schema that
     # hits a parser limit has none: such a request behaves as without budget-aware completion.
-    assert len(exact["none"]) <= 4, exact["none"]
-    assert approx_failed <= MAX_APPROX_FAILURE_SHARE * approx_checks
+    assert len(found.exact["none"]) <= 4, found.exact["none"]
+    assert found.approx_failed <= MAX_APPROX_FAILURE_SHARE * found.approx_checks
 
 
-def test_repetition_control_keeps_every_valid_instance_possible(
-    rows: list[dict[str, Any]], compiler: Any, model_vocab: Any
-) -> None:
-    masks = jg.MaskBatch(compiler.completer.tokenizer, model_vocab.n_vocab, 1, threads=1)
-    params = SamplingParams(json_repeat_penalty=REPEAT_PENALTY)
-    touched = narrow = instances = 0
-    for row in rows:
-        try:
-            compiled, _, _ = compiler.compile("json_schema", json.dumps(row["schema"]))
-        except jg.GrammarError:
-            continue
-        for data in (t["data"] for t in row["tests"] if t["valid"]):
-            tokens, instances = tokens_of(model_vocab, data), instances + 1
-            m = compiler.matcher(compiled)
-            for i, token in enumerate(tokens):
-                probe = np.zeros(model_vocab.n_vocab, dtype=np.float32)
-                penalties.dry(probe, np.asarray(tokens[:i], dtype=np.int64), REPEAT_PENALTY)
-                if probe[token] < 0:  # the penalty would touch this instance's next token here
-                    logits = np.zeros((1, model_vocab.n_vocab), dtype=np.float32)
-                    masks.fill_and_apply([m], logits, [0])
-                    if not np.isfinite(logits[0, token]):
-                        break  # the grammar itself refuses it (counted by the coverage suite), not the penalty
-                    seq = Sequence(request_id="r", token_ids=[0], params=params)
-                    seq.token_ids += tokens[:i]  # the output so far (the prompt is token 0)
-                    penalties.penalize_rows(logits, [seq])
-                    assert np.isfinite(logits[0, token]), (row["id"], i)
-                    touched += 1
-                    narrow += bool(logits[0, token] == 0.0)
-                try:
-                    m.consume(token)
-                except jg.GrammarError:
-                    break  # refused by the grammar itself (counted by the coverage suite), not by the penalty
-    print(f"\n{instances} valid instances; penalty reached {touched} of their tokens, {narrow} left alone (narrow rows)")
-    assert instances > 4500
-    assert touched > narrow > 0  # both kinds of rows were exercised
+def test_repetition_control_keeps_every_valid_instance_possible(dev_pass: DevSetPass) -> None:
+    found = dev_pass
+    print(f"\n{found.instances} valid instances; penalty reached {found.touched} of their tokens, "
+          f"{found.narrow} left alone (narrow rows)")
+    assert found.refused == [], found.refused[:10]
+    assert found.instances > 4500
+    assert found.touched > found.narrow > 0  # both kinds of rows were exercised

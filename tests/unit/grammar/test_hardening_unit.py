@@ -20,6 +20,7 @@ from service.engine.watchdog import Watchdog
 from service.grammar.cache import GrammarCache
 from service.grammar.json_keys import KeyGuard, KeyVocab
 from service.model.chat import ChatTemplate, ChatTemplateError
+from tests.support.waiting import scaled, until
 
 # A toy vocabulary: whole keys, split keys and JSON punctuation.
 TOKENS = [b"{", b'"', b"a", b"b", b'"a"', b'"b"', b'":', b":", b"1", b",", b"}", b'a"', b'b":', b'{"', b',"', b"]"]
@@ -84,13 +85,17 @@ def test_cached_grammar_is_served_while_slow_compiles_hold_the_pool(vocab: Any) 
     from service.api.grammar_service import GrammarService
     from service.observability.engine_metrics import EngineMetrics
 
-    svc = GrammarService(vocab, EngineMetrics(), max_source_bytes=64_000, timeout_s=0.5)
+    # NOTE: the slow compiles time out after timeout_s; the check that they are still compiling when the
+    # hit is served must not race that timer on a busy machine.
+    svc = GrammarService(vocab, EngineMetrics(), max_source_bytes=64_000, timeout_s=scaled(0.5))
     release = threading.Event()
+    inside: list[str] = []  # slow compiles a worker has started
     real_build = svc.compiler._build
 
     def build(kind: str, source: str) -> Any:
         if "slow" in source:
-            release.wait(10)
+            inside.append(source)
+            release.wait(60)
         return real_build(kind, source)
 
     svc.compiler._build = build  # type: ignore[method-assign]
@@ -100,20 +105,15 @@ def test_cached_grammar_is_served_while_slow_compiles_hold_the_pool(vocab: Any) 
     async def scenario() -> None:
         await svc.matcher_for("json_schema", fast)  # now cached
         waits = [asyncio.ensure_future(svc.matcher_for("json_schema", s)) for s in slow]
-        await asyncio.sleep(0.05)  # the slow compiles occupy every worker
+        assert await until(lambda: len(inside) == 2)  # the slow compiles occupy both workers
         # A hit queued behind the blocked compiles would time out (RESOURCE_EXHAUSTED) here.
         await svc.matcher_for("json_schema", fast)
         assert not any(w.done() for w in waits)  # ...while the slow ones are still compiling
         results = await asyncio.gather(*waits, return_exceptions=True)
         assert all(getattr(r, "status", "") == "RESOURCE_EXHAUSTED" for r in results), results
         release.set()
-        await asyncio.sleep(0)
         for s in slow:  # the timeout was not cached: the finished compile serves the retry
-            for _ in range(100):
-                fut, _ = svc.compiler.start("json_schema", s)
-                if fut.done():
-                    break
-                await asyncio.sleep(0.05)
+            assert await until(lambda s=s: svc.compiler.start("json_schema", s)[0].done())
             _matcher, compiled = await svc.matcher_for("json_schema", s)
             assert compiled.kind == "json_schema"
 

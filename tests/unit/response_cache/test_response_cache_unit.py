@@ -32,6 +32,7 @@ from service.response_cache.relations import (
     swapped,
 )
 from service.response_cache.store import Entry, MemoryStore, SqliteStore
+from tests.support.waiting import until
 
 MODEL = ModelIdentity("a" * 64, "{{ messages }}")
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
@@ -354,11 +355,12 @@ async def _coalescing(cancel_leader: bool) -> tuple[ResponseCache, list[Any], li
     assert await cache.lookup(leader) is None and leader.leader
     followers = [_ticket(cache, _seq()) for _ in range(3)]
     tasks = [asyncio.create_task(cache.lookup(t)) for t in followers]
-    await asyncio.sleep(0.01)
-    assert not any(task.done() for task in tasks)  # they wait for the leader
+    assert await until(lambda: cache.counters.coalesced == 3)  # every follower waits on the flight...
+    assert not any(task.done() for task in tasks)  # ...for the leader
     if cancel_leader:
         _run(cache, leader, FinishReason.CANCELLED)
-        await asyncio.sleep(0.01)
+        # every follower woke: one leads (its lookup returned), the two others follow it
+        assert await until(lambda: cache.counters.coalesced == 5 and any(task.done() for task in tasks))
         new_leaders = [t for t, task in zip(followers, tasks, strict=True) if task.done()]
         assert len(new_leaders) == 1 and new_leaders[0].leader  # exactly one follower runs
         _run(cache, new_leaders[0], text="second")
@@ -385,7 +387,7 @@ def test_a_waiter_that_gives_up_stops_waiting() -> None:
     async def scenario() -> Any:
         cache = _cache()
         await cache.lookup(_ticket(cache, _seq()))
-        return await asyncio.wait_for(cache.lookup(_ticket(cache, _seq()), gave_up=lambda: True), 1.0)
+        return await asyncio.wait_for(cache.lookup(_ticket(cache, _seq()), gave_up=lambda: True), 30)
 
     assert asyncio.run(scenario()) is None
 
@@ -396,10 +398,10 @@ def test_a_refused_leader_releases_its_waiters() -> None:
         leader = _ticket(cache, _seq())
         await cache.lookup(leader)
         waiter = asyncio.create_task(cache.lookup(_ticket(cache, _seq())))
-        await asyncio.sleep(0.01)
+        assert await until(lambda: cache.counters.coalesced == 1)  # it waits for the leader
+        assert not waiter.done()
         cache.abandon(leader)  # e.g. QueueFull at submission
-        await asyncio.sleep(0.01)
-        return waiter.done(), await waiter
+        return await until(waiter.done), await waiter
 
     done, result = asyncio.run(scenario())
     assert done and result is None  # it became the leader and runs itself
