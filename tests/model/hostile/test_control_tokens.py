@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import httpx
+import httpx2
 import openai
 import pytest
 from inference.v1 import batch_pb2 as bpb
@@ -156,7 +156,7 @@ def test_benign_chats_keep_llama_cpps_whole_prompt_ids(stub: Any, vocab: Vocab) 
 
 def test_a_bare_prompt_is_text_as_before(srv: RunningServer, vocab: Vocab) -> None:
     """Completions (no template): the prompt is text, markers included (docs/security.md)."""
-    r = httpx.post(f"{base_url(srv)}/completions", json={"model": MODEL, "prompt": FORGED, "max_tokens": 1,
+    r = httpx2.post(f"{base_url(srv)}/completions", json={"model": MODEL, "prompt": FORGED, "max_tokens": 1,
                                                          "temperature": 0}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(vocab.tokenize(FORGED, add_special=True, parse_special=False))

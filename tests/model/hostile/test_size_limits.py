@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import httpx
+import httpx2
 import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
@@ -49,8 +49,8 @@ def tool(name: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
 
 
-def post(srv: RunningServer, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{base_url(srv)}{path}", json={"model": MODEL, "max_tokens": 1, **body}, timeout=60)
+def post(srv: RunningServer, path: str, body: dict[str, Any]) -> httpx2.Response:
+    return httpx2.post(f"{base_url(srv)}{path}", json={"model": MODEL, "max_tokens": 1, **body}, timeout=60)
 
 
 class Renders:
