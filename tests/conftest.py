@@ -49,7 +49,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Any:
-    with GUARD.setting_up(fixturedef.argname):
+    with GUARD.setting_up(fixturedef):
         return (yield)
 
 

@@ -29,6 +29,11 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
 
+def fixture_key(fixturedef: Any) -> str:
+    """One fixture definition: its name and the node (module, class, conftest folder) defining it."""
+    return f"{fixturedef.argname} (defined in {fixturedef.baseid or 'a plugin'})"
+
+
 def _model_file(arg: object) -> Path | None:
     """The GGUF under ``models/`` that ``arg`` names (a path or a ``--model=PATH`` argument), if any."""
     text = os.fspath(arg) if isinstance(arg, str | os.PathLike) else None
@@ -52,7 +57,9 @@ class ModelGuard:
     def __init__(self) -> None:
         self.item: pytest.Item | None = None
         self.fixture: str | None = None
-        self.model_fixtures: dict[str, str] = {}  # fixture name -> what it loaded ("model" or "vocab")
+        # NOTE: keyed by where the fixture is defined, not by its name alone: two modules may each
+        # define a fixture `vocab`, one of the model's vocabulary and one of the tiny built one.
+        self.model_fixtures: dict[str, str] = {}  # fixture key -> what it loaded ("model" or "vocab")
         self.violations: dict[str, list[str]] = {}
 
     def install(self) -> None:
@@ -95,8 +102,11 @@ class ModelGuard:
 
     def check_fixtures(self, item: pytest.Item) -> None:
         """A fixture that loaded the model for an earlier test still stands for a load here."""
+        info = getattr(item, "_fixtureinfo", None)
+        defs: dict[str, Any] = dict(info.name2fixturedefs) if info is not None else {}
         for name in getattr(item, "fixturenames", ()):
-            kind = self.model_fixtures.get(name)
+            chosen = defs.get(name)
+            kind = self.model_fixtures.get(fixture_key(chosen[-1])) if chosen else None
             if kind is not None and not self.allowed(item, kind):
                 self.violations.setdefault(item.nodeid, []).append(
                     f"uses fixture {name!r}, which loads the {kind}, but is not marked `{kind}`"
@@ -112,8 +122,8 @@ class ModelGuard:
             self.item = None
 
     @contextmanager
-    def setting_up(self, name: str) -> Iterator[None]:
-        outer, self.fixture = self.fixture, name
+    def setting_up(self, fixturedef: pytest.FixtureDef[Any]) -> Iterator[None]:
+        outer, self.fixture = self.fixture, fixture_key(fixturedef)
         try:
             yield
         finally:

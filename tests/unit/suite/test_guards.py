@@ -112,6 +112,40 @@ def test_a_test_that_loads_the_model_without_its_marker_fails(pytester_env: pyte
     assert "uses fixture 'weights', which loads the model, but is not marked `model`" in out
 
 
+MODEL_VOCAB_FIXTURE = f"""
+import pytest
+from service.model.runner import Vocab
+
+@pytest.fixture(scope="module")
+def vocab():
+    return Vocab.load({str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")!r})
+
+@pytest.mark.vocab
+def test_a_marked_test_loads_the_model_vocabulary(vocab):
+    pass
+"""
+TINY_VOCAB_FIXTURE = """
+import pytest
+
+@pytest.fixture()
+def vocab(tiny_vocab):
+    return tiny_vocab
+
+def test_an_unmarked_test_uses_its_own_fixture_of_the_same_name(vocab):
+    assert vocab.n_vocab > 256
+"""
+
+
+@pytest.mark.vocab  # its child process reads the default model's vocabulary
+def test_a_fixture_is_judged_by_its_definition_not_its_name(pytester_env: pytest.Pytester) -> None:
+    """A module's own `vocab` fixture over the tiny vocabulary is not another module's model `vocab`."""
+    pytester_env.makeconftest(CONFTEST)
+    pytester_env.makepyfile(test_a_model=MODEL_VOCAB_FIXTURE, test_b_tiny=TINY_VOCAB_FIXTURE)
+    pytester_env.makepyprojecttoml('[tool.pytest.ini_options]\nmarkers = ["model", "vocab", "may_skip"]\n')
+    result = pytester_env.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-rA")
+    result.assert_outcomes(passed=2)
+
+
 SKIPS = """
 import pytest
 
