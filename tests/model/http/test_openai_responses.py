@@ -85,10 +85,9 @@ def test_function_call_round_trip_through_function_call_output(client: openai.Op
                                      "output": str(args["a"] + args["b"])}]
     # NOTE: the answer's length depends on the machine's arithmetic (another CPU may run past 200
     # tokens), so the stream may end `incomplete` (max_output_tokens); either way it ends once.
-    ends = ("response.completed", "response.incomplete", "response.failed")
     with client.responses.stream(model=MODEL, input=history, tools=[ADD], tool_choice="none", temperature=0,
                                  max_output_tokens=200) as s:
-        terminal = [event for event in s if event.type in ends]
+        terminal = [event for event in s if event.type in TERMINAL]
     assert [e.type for e in terminal] in (["response.completed"], ["response.incomplete"]), terminal
     final = terminal[0].response
     assert final.output_text and [item.type for item in final.output] == ["message"]
