@@ -1,0 +1,159 @@
+"""The consumer side of KV-cache events, written from vLLM's published format, not from the server's code.
+
+``decode`` reads a payload as vLLM's consumers do (llm-d's ``kvevents`` adapter reads the same
+positions): a msgpack array ``[ts, events, data_parallel_rank?]``, each event an array whose first
+element is its tag; ``BlockStored`` is ``[tag, block_hashes, parent_block_hash, token_ids,
+block_size, lora_id?, medium?, lora_name?, ...]``, ``BlockRemoved`` ``[tag, block_hashes, medium?]``,
+``AllBlocksCleared`` ``[tag]``. Trailing optional fields may be absent.
+
+``Index`` applies decoded events as a vLLM-style subscriber does: per medium, the set of block hashes
+held. ``Subscriber`` is a real pyzmq SUB socket on a thread that decodes and indexes every message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+
+
+@dataclass(frozen=True)
+class Stored:
+    hashes: tuple[int, ...]
+    parent: int | None
+    tokens: tuple[int, ...]
+    block_size: int
+    medium: str | None
+
+
+@dataclass(frozen=True)
+class Removed:
+    hashes: tuple[int, ...]
+    medium: str | None
+
+
+@dataclass(frozen=True)
+class Cleared:
+    pass
+
+
+Event = Stored | Removed | Cleared
+
+
+def _at(fields: list[Any], i: int) -> Any:
+    return fields[i] if i < len(fields) else None
+
+
+def _hash(value: Any) -> int:
+    assert isinstance(value, int) and 0 <= value < 1 << 64, f"a block hash is a uint64, got {value!r}"
+    return value
+
+
+def decode_event(fields: list[Any]) -> Event:
+    assert isinstance(fields, list) and fields and isinstance(fields[0], str), f"not a tagged array: {fields!r}"
+    tag = fields[0]
+    if tag == "BlockStored":
+        assert len(fields) >= 5, fields
+        parent = None if fields[2] is None else _hash(fields[2])
+        tokens = tuple(fields[3])
+        assert all(isinstance(t, int) and t >= 0 for t in tokens)
+        return Stored(tuple(map(_hash, fields[1])), parent, tokens, fields[4], _at(fields, 6))
+    if tag == "BlockRemoved":
+        assert len(fields) >= 2, fields
+        return Removed(tuple(map(_hash, fields[1])), _at(fields, 2))
+    assert tag == "AllBlocksCleared", f"unknown tag {tag!r}"
+    return Cleared()
+
+
+def decode(payload: bytes) -> tuple[float, list[Event]]:
+    """A payload frame: (ts, events)."""
+    batch = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    assert isinstance(batch, list) and len(batch) >= 2, f"a batch is an array [ts, events, ...]: {batch!r}"
+    assert isinstance(batch[0], float), batch[0]
+    return batch[0], [decode_event(e) for e in batch[1]]
+
+
+@dataclass
+class Index:
+    """Per medium, the block hashes held, and every stored block's tokens and parent."""
+
+    held: dict[str, set[int]] = field(default_factory=dict)
+    tokens: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    parent: dict[int, int | None] = field(default_factory=dict)
+
+    def apply(self, event: Event) -> None:
+        if isinstance(event, Cleared):
+            self.held.clear()
+        elif isinstance(event, Removed):
+            self.held.setdefault(event.medium or "", set()).difference_update(event.hashes)
+        else:
+            bs = event.block_size
+            assert len(event.tokens) == bs * len(event.hashes), "token_ids must be whole blocks, in order"
+            parent = event.parent
+            for i, h in enumerate(event.hashes):
+                self.tokens[h], self.parent[h] = event.tokens[i * bs : (i + 1) * bs], parent
+                parent = h
+            self.held.setdefault(event.medium or "", set()).update(event.hashes)
+
+    def get(self, medium: str) -> frozenset[int]:
+        return frozenset(self.held.get(medium, ()))
+
+    def chain_tokens(self, h: int) -> list[int]:
+        """The tokens of the prefix ``h`` names, from its first block."""
+        out: list[tuple[int, ...]] = []
+        node: int | None = h
+        while node is not None:
+            out.append(self.tokens[node])
+            node = self.parent[node]
+        return [t for block in reversed(out) for t in block]
+
+
+class Subscriber:
+    """A SUB socket on ``endpoint`` (topic prefix ``topic``) whose thread decodes and indexes every message."""
+
+    def __init__(self, endpoint: str, topic: bytes = b"", rcvhwm: int = 1000) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        self.sock.setsockopt(zmq.SUBSCRIBE, topic)
+        self.sock.connect(endpoint)
+        self.index = Index()
+        self.messages: list[tuple[bytes, int, list[Event]]] = []  # (topic, seq, events)
+        self.lock = threading.RLock()  # NOTE: a wait_for condition may read under it too
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            topic, seq, payload = self.sock.recv_multipart()
+            _, events = decode(payload)
+            with self.lock:
+                self.messages.append((topic, int.from_bytes(seq, "big"), events))
+                for event in events:
+                    self.index.apply(event)
+
+    def events(self) -> list[Event]:
+        with self.lock:
+            return [e for _, _, events in self.messages for e in events]
+
+    def wait_for(self, condition: Any, timeout: float = 60.0, what: str = "a condition") -> None:
+        """Wait until ``condition()`` holds (checked under the lock)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if condition():
+                    return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.ctx.destroy(linger=0)
