@@ -62,8 +62,10 @@ class KVEventPublisher:
         self._closing = threading.Event()
         self._ctx = zmq.Context()
         try:
-            self._pub = self._socket(zmq.PUB, config.endpoint)
-            self._router = self._socket(zmq.ROUTER, config.replay_endpoint) if config.replay_endpoint else None
+            self._pub = self._socket(zmq.PUB, config.endpoint, config.hwm)
+            # NOTE: a ROUTER drops what passes its high-water mark: room for a whole buffer and its end marker
+            replay = config.replay_endpoint
+            self._router = self._socket(zmq.ROUTER, replay, config.buffer_steps + 1) if replay else None
         except zmq.ZMQError as exc:
             self._ctx.destroy(linger=0)
             raise OSError(f"KV events: cannot open {exc}") from None
@@ -75,9 +77,9 @@ class KVEventPublisher:
         log.info("publishing KV-cache events on %s (topic %r)", self.config.endpoint, self.config.topic)
         return self
 
-    def _socket(self, kind: int, endpoint: str) -> zmq.Socket[bytes]:
+    def _socket(self, kind: int, endpoint: str, hwm: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(kind)
-        sock.setsockopt(zmq.SNDHWM, self.config.hwm)
+        sock.setsockopt(zmq.SNDHWM, hwm)
         sock.setsockopt(zmq.LINGER, LINGER_MS)
         try:
             if kind == zmq.ROUTER or binds(endpoint):

@@ -113,16 +113,31 @@ class Index:
 
 
 class Subscriber:
-    """A SUB socket on ``endpoint`` (topic prefix ``topic``) whose thread decodes and indexes every message."""
+    """A SUB socket on ``endpoint`` (topic prefix ``topic``) whose thread applies every batch to ``index``
+    in sequence order.
 
-    def __init__(self, endpoint: str, topic: bytes = b"", rcvhwm: int = 1000) -> None:
+    With ``replay`` (the publisher's ROUTER endpoint) a gap in the sequence numbers (a late join, or
+    messages ZMQ dropped) is filled by a replay request from the first missing number, as vLLM's
+    subscriber example does; without it the gap is skipped (and counted in ``gaps``).
+    """
+
+    def __init__(self, endpoint: str, topic: bytes = b"", rcvhwm: int = 1000, replay: str = "") -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.setsockopt(zmq.SUBSCRIBE, topic)
         self.sock.connect(endpoint)
+        self.dealer = None
+        if replay:
+            self.dealer = self.ctx.socket(zmq.DEALER)
+            self.dealer.setsockopt(zmq.RCVTIMEO, 30_000)
+            self.dealer.connect(replay)
         self.index = Index()
-        self.messages: list[tuple[bytes, int, list[Event]]] = []  # (topic, seq, events)
+        self.messages: list[tuple[bytes, int, list[Event]]] = []  # (topic, seq, events), as applied
+        self.next_seq: int | None = 0 if replay else None  # None: from the first message received
+        self.gaps = 0
+        self.replays = 0
+        self._pending: dict[int, tuple[bytes, bytes]] = {}
         self.lock = threading.RLock()  # NOTE: a wait_for condition may read under it too
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -130,14 +145,44 @@ class Subscriber:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            topic, seq, payload = self.sock.recv_multipart()
+            if self.sock.poll(50):
+                topic, seq, payload = self.sock.recv_multipart()
+                self._pending[int.from_bytes(seq, "big")] = (topic, payload)
+            if self.next_seq is None and self._pending:
+                self.next_seq = min(self._pending)
+            if self._pending and self.next_seq not in self._pending:
+                self._fill_gap()
+            self._apply_ready()
+
+    def _fill_gap(self) -> None:
+        assert self.next_seq is not None
+        if self.dealer is not None:
+            self.dealer.send_multipart([b"", self.next_seq.to_bytes(8, "big")])
+            topic = next(iter(self._pending.values()))[0]
+            try:
+                while True:
+                    _, seq, payload = self.dealer.recv_multipart()
+                    if seq == (-1).to_bytes(8, "big", signed=True):
+                        break
+                    self._pending.setdefault(int.from_bytes(seq, "big"), (topic, payload))
+                self.replays += 1
+            except zmq.Again:  # no end marker within the receive timeout: what came is kept
+                pass
+        if self.next_seq not in self._pending:  # gone from the replay buffer too
+            self.gaps += 1
+            self.next_seq = min(self._pending)
+
+    def _apply_ready(self) -> None:
+        while self.next_seq is not None and self.next_seq in self._pending:
+            topic, payload = self._pending.pop(self.next_seq)
             _, events = decode(payload)
             with self.lock:
-                self.messages.append((topic, int.from_bytes(seq, "big"), events))
+                self.messages.append((topic, self.next_seq, events))
                 for event in events:
                     self.index.apply(event)
+            self.next_seq += 1
+        for old in [seq for seq in self._pending if self.next_seq is not None and seq < self.next_seq]:
+            del self._pending[old]  # a replayed batch received live as well
 
     def events(self) -> list[Event]:
         with self.lock:
