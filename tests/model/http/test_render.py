@@ -81,6 +81,21 @@ def test_completions_render_is_a_list_of_one_prompt_with_the_ids_of_tokenize_and
     assert answer.usage is not None and answer.usage.prompt_tokens == len(body["token_ids"])
 
 
+def test_completions_render_answers_each_prompt_in_order_and_a_token_id_prompt_as_given(
+    http: httpx.Client, stub: Any
+) -> None:
+    texts = ["Mercury is", "The second planet from the Sun is"]
+    r = http.post("/v1/completions/render", json={"model": MODEL, "prompt": texts})
+    assert r.status_code == 200, r.text
+    bodies = r.json()
+    assert [b["prompt"] for b in bodies] == texts
+    assert [b["token_ids"] for b in bodies] == [list(stub.Tokenize(pb.TokenizeRequest(text=t), timeout=60).token_ids)
+                                                for t in texts]
+    ids = [*bodies[1]["token_ids"], *bodies[0]["token_ids"]]  # a token-id prompt goes as given: nothing added
+    [given] = http.post("/v1/completions/render", json={"prompt": ids}).json()
+    assert given["token_ids"] == ids and texts[1] in given["prompt"] and texts[0] in given["prompt"]
+
+
 def test_the_render_ids_are_what_a_request_with_tools_or_a_schema_prefills(http: httpx.Client, client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": "orbit", "parameters": {"type": "object"}}}]
     chat = [{"role": "user", "content": "How long is a year on Mars?"}]
@@ -110,7 +125,7 @@ def test_another_model_is_404_model_not_found(http: httpx.Client) -> None:
         ("/v1/chat/completions/render", {"messages": CHATS[0], "temperature": -1}, None),
         ("/v1/chat/completions/render", {"messages": CHATS[0], "max_tokens": 1 << 30}, "max_tokens"),
         ("/v1/chat/completions/render", {"messages": CHATS[0], "surprise": 1}, "surprise"),
-        ("/v1/completions/render", {"prompt": ["one", "two"]}, "prompt"),
+        ("/v1/completions/render", {"prompt": [1, 2, 1 << 30]}, "prompt"),
         ("/v1/completions/render", {"prompt": ""}, None),
         (
             "/v1/chat/completions/render",
@@ -118,7 +133,7 @@ def test_another_model_is_404_model_not_found(http: httpx.Client) -> None:
             None,
         ),
     ],
-    ids=["no-messages", "temperature", "max-tokens", "unknown-field", "two-prompts", "empty-prompt", "bad-schema"],
+    ids=["no-messages", "temperature", "max-tokens", "unknown-field", "id-outside-vocab", "empty-prompt", "bad-schema"],
 )
 def test_a_bad_body_is_the_generation_routes_400(http: httpx.Client, path: str, body: dict[str, Any], param: str | None) -> None:
     r = http.post(path, json=body)
@@ -129,7 +144,9 @@ def test_a_bad_body_is_the_generation_routes_400(http: httpx.Client, path: str, 
         assert error["param"] == param
 
 
-def test_a_body_that_is_not_json_is_400_and_a_get_is_405(http: httpx.Client) -> None:
+def test_a_body_that_is_not_json_is_400_another_content_type_415_and_a_get_405(http: httpx.Client) -> None:
     r = http.post("/v1/completions/render", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in error_of(r)["message"]
+    r = http.post("/v1/chat/completions/render", content=b'{"messages": []}', headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
     assert http.get("/v1/chat/completions/render").status_code == 405
