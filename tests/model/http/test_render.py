@@ -96,7 +96,7 @@ def test_completions_render_answers_each_prompt_in_order_and_a_token_id_prompt_a
     assert given["token_ids"] == ids and texts[1] in given["prompt"] and texts[0] in given["prompt"]
 
 
-def test_the_render_ids_are_what_a_request_with_tools_or_a_schema_prefills(http: httpx.Client, client: openai.OpenAI) -> None:
+def test_the_render_ids_are_what_a_request_with_tools_prefills(http: httpx.Client, client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": "orbit", "parameters": {"type": "object"}}}]
     chat = [{"role": "user", "content": "How long is a year on Mars?"}]
     r = http.post("/v1/chat/completions/render", json={"messages": chat, "tools": tools})
