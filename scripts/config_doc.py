@@ -86,6 +86,17 @@ SECTIONS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("Batch jobs", ["batch_db", "batch_retention_hours", "batch_max_running", "batch_lease_s", "replica_id"]),
+    (
+        "KV-cache events",
+        [
+            "kv_events_endpoint",
+            "kv_events_topic",
+            "kv_events_replay_endpoint",
+            "kv_events_buffer_steps",
+            "kv_events_hwm",
+            "kv_events_max_queue",
+        ],
+    ),
     ("Logs, metrics and traces", ["log_format", "log_level", "trace_console", "prometheus_port"]),
 ]
 

@@ -7,10 +7,11 @@ Protocol that ``ServerConfig`` satisfies, or plain values) from here or from
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from service.api.generate_stream import StreamLimits
 from service.api.input_limits import InputLimits
@@ -21,12 +22,17 @@ from service.continuous_batcher import Engine
 from service.engine.speculator import SpecConfig
 from service.engine.wiring import Collaborators, EngineConfig
 from service.http.config import ConnectionLimits, HttpConfig
+from service.kv.events import EventOutlet, KVEventLog
 from service.kv.host_prefixes import HostPrefixes
+from service.kv_events.config import KVEventsConfig
 from service.model.runner import ModelRunner
 from service.paged_kv import KVBlockManager
 from service.priority import TenantOrder, make_policy
 from service.response_cache import CacheConfig
 from service.threads.adaptive import AdaptiveThreads
+
+if TYPE_CHECKING:
+    from service.kv_events.publisher import KVEventPublisher
 
 
 def load_runner(config: ServerConfig) -> ModelRunner:
@@ -52,22 +58,26 @@ def build_engine(
     runner: ModelRunner | None = None,
     parts: Collaborators | None = None,
     fair: TenantOrder | None = None,
+    kv_events: EventOutlet | None = None,
 ) -> Engine:
     """The engine (not started) on ``runner`` (loaded here if None), complete with ``parts``.
 
     ``parts`` None: no tracing, masks, failure callback or loop, adaptive threads as configured
-    (tests and tools); ``fair`` shares tiers between tenants.
+    (tests and tools); ``fair`` shares tiers between tenants; ``kv_events`` takes each step's
+    changes of the prefix index (None: they are not recorded).
     """
     runner = runner if runner is not None else load_runner(config)
     parts = parts if parts is not None else Collaborators(thread_control=adaptive_threads(config, runner))
     host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
+    events = KVEventLog(kv_events, config.block_size) if kv_events is not None else None
     kv = KVBlockManager(
         runner.n_ctx // config.block_size,
         config.block_size,
         config.kv_lanes,
         prefix_cache=config.prefix_cache,
         max_cached_blocks=config.prefix_cache_tokens // config.block_size,
-        host=HostPrefixes(host_tokens, config.block_size) if host_tokens else None,
+        host=HostPrefixes(host_tokens, config.block_size, events=events) if host_tokens else None,
+        events=events,
     )
     engine_config = EngineConfig(
         max_running=config.max_running,
@@ -113,6 +123,37 @@ def cache_config(config: ServerConfig) -> CacheConfig:
 def served_model_name(config: ServerConfig) -> str:
     """The model id of the HTTP API and the metrics: ``--served-model-name``, else the file name without .gguf."""
     return config.served_model_name or Path(config.model).name.removesuffix(".gguf")
+
+
+def kv_events_config(config: ServerConfig) -> KVEventsConfig | None:
+    """The KV-event publisher's settings (None: ``--kv-events-endpoint`` unset), its topic filled in:
+    ``{host}`` is ``$POD_IP`` (Kubernetes' downward API), else the host name; ``{port}`` the HTTP port,
+    else the gRPC one; ``{model}`` the served model name."""
+    if not config.kv_events_endpoint:
+        return None
+    host = os.environ.get("POD_IP") or socket.gethostname()
+    topic = config.kv_events_topic.format_map(
+        {"host": host, "port": config.http_port or config.port, "model": served_model_name(config)}
+    )
+    return KVEventsConfig(
+        endpoint=config.kv_events_endpoint,
+        topic=topic,
+        replay_endpoint=config.kv_events_replay_endpoint,
+        buffer_steps=config.kv_events_buffer_steps,
+        hwm=config.kv_events_hwm,
+        max_queue=config.kv_events_max_queue,
+    )
+
+
+def kv_event_publisher(config: ServerConfig) -> KVEventPublisher | None:
+    """The KV-event publisher, its sockets open and its thread running (OSError if an endpoint cannot
+    be bound), or None when events are off."""
+    settings = kv_events_config(config)
+    if settings is None:
+        return None
+    from service.kv_events.publisher import KVEventPublisher  # NOTE: pyzmq is imported only when used
+
+    return KVEventPublisher(settings).start()
 
 
 def http_config(config: ServerConfig) -> HttpConfig | None:

@@ -91,6 +91,12 @@ class ServerConfig:
     http_body_min_rate: int = 16384
     http_max_header_bytes: int = 16384
     http_keep_alive_s: float = 5.0
+    kv_events_endpoint: str = ""
+    kv_events_topic: str = "kv@{host}:{port}@{model}"
+    kv_events_replay_endpoint: str = ""
+    kv_events_buffer_steps: int = 10_000
+    kv_events_hwm: int = 100_000
+    kv_events_max_queue: int = 100_000
 
     def as_dict(self) -> dict[str, Any]:
         """Every setting, for the start-up log: a password in ``--batch-db`` is masked."""
@@ -214,6 +220,18 @@ HELP = {
     "http_keep_alive_s": "an idle HTTP keep-alive connection is closed after this long",
     "served_model_name": "model id of the HTTP API (/v1/models, the request's model field) and the model_name "
     "label of the vllm:* metrics (default: the model file name without .gguf)",
+    "kv_events_endpoint": "publish the prefix cache's KV-cache events in vLLM's format (msgpack over ZMQ PUB) "
+    "on this endpoint, e.g. tcp://*:5557, for prefix-aware routers such as llm-d (bound when it has * or is "
+    "ipc://, else connected; empty = off; docs/scale-out.md)",
+    "kv_events_topic": "topic frame of every KV-event message; {host} is $POD_IP (else the host name), {port} "
+    "the HTTP port (--port when HTTP is off), {model} the served model name (llm-d reads kv@POD@MODEL)",
+    "kv_events_replay_endpoint": "ROUTER endpoint answering replay requests (batches since a sequence "
+    "number, from the last --kv-events-buffer-steps), e.g. tcp://*:5558 (empty = no replay)",
+    "kv_events_buffer_steps": "KV-event batches (one per engine step that changed the index) kept for replay",
+    "kv_events_hwm": "send high-water mark of the PUB socket: messages queued per subscriber before ZMQ drops "
+    "that subscriber's (0 = no limit)",
+    "kv_events_max_queue": "KV-event batches waiting for the publisher thread; past it the engine drops a "
+    "batch (counted) and resynchronises subscribers with the whole index",
 }
 CHOICES = {
     "scheduling": ("priority", "fcfs"),
@@ -329,4 +347,23 @@ def validate(c: ServerConfig) -> str | None:
         return "--http-port must be in 0..65535 (0 = off) and differ from --port"
     if bool(c.tls_cert) != bool(c.tls_key) or (c.tls_client_ca and not c.tls_cert):
         return "--tls-cert and --tls-key go together, and --tls-client-ca needs them"
+    return _kv_events_problem(c)
+
+
+KV_EVENTS_SCHEMES = ("tcp://", "ipc://")
+
+
+def _kv_events_problem(c: ServerConfig) -> str | None:
+    """The KV-event flags: endpoints ZMQ can use, a topic whose placeholders are known, sane sizes."""
+    for flag, endpoint in (("endpoint", c.kv_events_endpoint), ("replay-endpoint", c.kv_events_replay_endpoint)):
+        if endpoint and not endpoint.startswith(KV_EVENTS_SCHEMES):
+            return f"--kv-events-{flag} must be a tcp:// or ipc:// endpoint, got {endpoint!r}"
+    if c.kv_events_replay_endpoint and not c.kv_events_endpoint:
+        return "--kv-events-replay-endpoint needs --kv-events-endpoint"
+    try:
+        c.kv_events_topic.format_map({"host": "", "port": 0, "model": ""})
+    except (KeyError, ValueError, IndexError) as exc:
+        return f"--kv-events-topic may use {{host}}, {{port}} and {{model}} only ({exc!r})"
+    if c.kv_events_buffer_steps < 0 or c.kv_events_hwm < 0 or c.kv_events_max_queue < 1:
+        return "--kv-events-buffer-steps and --kv-events-hwm must be >= 0, --kv-events-max-queue >= 1"
     return None

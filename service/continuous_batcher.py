@@ -231,6 +231,7 @@ class Engine:
                     break
                 if self.scheduler.has_runnable():
                     self._guarded_step()
+                self.kv.flush_events()  # NOTE: the step's prefix-index changes, one batch (service.kv.events)
         except BaseException as exc:  # the loop itself broke: end everything, loudly
             log.exception("engine thread died")
             self.fail(f"engine thread died: {type(exc).__name__}: {exc}")

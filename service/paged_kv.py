@@ -35,6 +35,7 @@ the chains it evicts, outside the pool.
 from __future__ import annotations
 
 from service.kv.blocks import Block, KVOp, KVStats, PrefixHit, block_hash
+from service.kv.events import AllBlocksCleared, BlockRemoved, KVEvent, KVEventLog, stored_runs
 from service.kv.host_prefixes import HostEntry, HostHit, HostPrefixes, shared_len
 from service.observability.views import KVSnapshot
 from service.request.sequence import Sequence
@@ -53,9 +54,12 @@ class KVBlockManager:
         prefix_cache: bool = True,
         max_cached_blocks: int | None = None,
         host: HostPrefixes | None = None,
+        events: KVEventLog | None = None,
     ) -> None:
         """``max_cached_blocks``: most unreferenced blocks kept for reuse (None = no cap);
-        ``host``: where evicted chains are spilled (None = they are lost)."""
+        ``host``: where evicted chains are spilled (None = they are lost); ``events``: where the
+        blocks registered in and taken out of the prefix index are recorded (None: nowhere; the host
+        tier records its own, given the same log)."""
         if num_blocks < 1 or block_size < 1 or num_lanes < 1:
             raise ValueError("num_blocks, block_size and num_lanes must be positive")
         if max_cached_blocks is not None and max_cached_blocks < 0:
@@ -66,6 +70,7 @@ class KVBlockManager:
         self.num_lanes = num_lanes
         self.prefix_cache = prefix_cache
         self.host = host if prefix_cache else None
+        self.events = events
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._cache: dict[int, Block] = {}  # hash -> registered block
@@ -178,6 +183,7 @@ class KVBlockManager:
         if not self.prefix_cache:
             return
         bs = self.block_size
+        stored: list[tuple[int, int, tuple[int, ...]]] = []
         for i in range(len(seq.block_hashes), seq.num_computed // bs):
             toks = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = block_hash(seq.block_hashes[-1] if seq.block_hashes else 0, toks)
@@ -188,6 +194,28 @@ class KVBlockManager:
                 block.hash, block.tokens, block.parent = h, toks, parent
                 self._cache[h] = block
                 self._children.setdefault(parent, set()).add(block.id)
+                stored.append((h, parent, toks))
+        if stored and self.events is not None:
+            for event in stored_runs(stored, "pool"):
+                self.events.add(event)
+
+    # -- the prefix index seen from outside -------------------------------------------
+    def flush_events(self) -> None:
+        """Engine thread, once per step: hand the step's records to the event outlet (if any)."""
+        if self.events is not None:
+            self.events.flush(self._index_records)
+
+    def _index_records(self) -> list[KVEvent]:
+        """The whole prefix index as records (a resynchronisation after a dropped batch)."""
+        pool = sorted(self._cache.values(), key=lambda b: b.start)  # NOTE: depth order: parents first
+        out: list[KVEvent] = [AllBlocksCleared()]
+        out += stored_runs(((b.hash, b.parent, b.tokens) for b in pool if b.hash is not None), "pool")
+        return out + (self.host.records() if self.host is not None else [])
+
+    def indexed(self) -> tuple[frozenset[int], frozenset[int]]:
+        """The chain hashes in the prefix index: of the pool's registered blocks, and of the host
+        tier's (engine thread, or a quiescent engine)."""
+        return frozenset(self._cache), self.host.held() if self.host is not None else frozenset()
 
     # -- allocation ---------------------------------------------------------------
     def allocate(self, seq: Sequence, hit: PrefixHit, num_new_tokens: int) -> bool:
@@ -344,6 +372,8 @@ class KVBlockManager:
         assert block.hash is not None
         self._spill(block)
         del self._cache[block.hash]
+        if self.events is not None:
+            self.events.add(BlockRemoved((block.hash,), "pool"))
         self._children[block.parent].discard(block.id)
         if not self._children[block.parent]:
             del self._children[block.parent]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -36,6 +36,7 @@ from service.assembly import (
     ensure_descriptors,
     http_config,
     input_limits,
+    kv_event_publisher,
     load_runner,
     served_model_name,
     stream_limits,
@@ -45,6 +46,7 @@ from service.config import ServerConfig
 from service.continuous_batcher import Engine
 from service.engine.wiring import Collaborators
 from service.http.server import HttpFrontEnd
+from service.kv_events.metrics import KVEventsCollector
 from service.model.chat import ChatTemplate, ChatTemplateError
 from service.model.runner import ModelLoadError, ModelRunner
 from service.observability.engine_metrics import EngineMetrics
@@ -55,6 +57,9 @@ from service.response_cache import bind_model, build_cache
 from service.security.tenancy import Tenancy
 from service.security.tls import CertificateFiles, server_credentials
 from service.servicer import InferenceServicer
+
+if TYPE_CHECKING:
+    from service.kv_events.publisher import KVEventPublisher
 
 log = logging.getLogger("service.server")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -83,6 +88,7 @@ class InferenceServer:
         self.tls_files: CertificateFiles | None = None
         self.engine: Engine | None = None
         self.grammar: GrammarService | None = None
+        self.kv_events: KVEventPublisher | None = None  # --kv-events-endpoint: opened in start()
         self.server: grpc.aio.Server | None = None
         self.port = 0
         self.http_port = 0
@@ -99,6 +105,7 @@ class InferenceServer:
         await self.server.start()
         if self.http is not None:
             self.http_port = await self.http.start()  # answers 503 until the model is loaded
+        self.kv_events = kv_event_publisher(self.config)  # NOTE: a taken port fails here, before the load
         log.info("listening on %s:%d; loading %s", self.config.host, self.port, self.config.model)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
@@ -158,7 +165,7 @@ class InferenceServer:
             on_failure=self._on_engine_failure,
             loop=loop,
         )
-        engine = build_engine(config, runner, parts, fair=self.tenancy.fair)
+        engine = build_engine(config, runner, parts, fair=self.tenancy.fair, kv_events=self.kv_events)
         self.telemetry.observe(engine, self.tenancy, self.cache_front, threads)  # OTel metric callbacks
         bind_model(self.response_cache, config.model, template.source)
         limit = min(engine.kv.capacity_tokens, runner.n_ctx_train)
@@ -191,6 +198,8 @@ class InferenceServer:
 
             registry = CollectorRegistry()
         registry.register(ModelServerCollector(engine, served_model_name(self.config)))
+        if self.kv_events is not None:
+            registry.register(KVEventsCollector(self.kv_events))
         if self.http is not None:
             self.http.attach(registry)
 
@@ -254,6 +263,8 @@ class InferenceServer:
         # NOTE: a failed engine's thread may be stuck in a step: do not wait long for it.
         if self.engine is not None and self.engine.stop(timeout=2.0 if self.failed.is_set() else 30.0):
             self.engine.runner.close()  # NOTE: never while the engine thread may still be in llama_decode
+        if self.kv_events is not None:
+            await asyncio.to_thread(self.kv_events.close)  # after the engine: its last AllBlocksCleared
         if self.grammar is not None:
             self.grammar.close()
         self.intake.cache.close()

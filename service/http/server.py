@@ -37,6 +37,7 @@ from service.http.config import HttpConfig
 from service.http.connections import ConnectionGuard
 from service.http.files import FileStore, SqliteFileStore
 from service.http.log_limits import limit_accept_errors, limit_invalid_requests
+from service.http.prompt_render import RenderRoutes
 from service.http.protocol import GuardedH11Protocol
 from service.http.tokens import TokenRoutes
 from service.security.tenancy import Tenancy
@@ -60,7 +61,7 @@ class HttpFrontEnd:
         self.config = config
         self.api = HttpApi(config, intake, tenancy)
         self.files = open_files(config)  # a bad SQLite path fails here; a PostgreSQL store connects later
-        self.routes = self.api.routes() + TokenRoutes(self.api).routes()
+        self.routes = self.api.routes() + TokenRoutes(self.api).routes() + RenderRoutes(self.api).routes()
         if jobs is not None:
             self.routes += BatchRoutes(self.api, jobs, self.files).routes()
         self.tls = RotatingSSLContext(config.tls_cert, config.tls_key, config.tls_client_ca or None) \

@@ -17,13 +17,20 @@ Pure bookkeeping: nothing here calls llama.cpp.
     chain in the pool        [ b0 | b1 | b2 | b3 ]  evicted tail first ->
     spilled entry            key = hash(b3), tokens = b0..b3, hashes = (h0, h1, h2, h3)
     new prompt               [ b0 | b1 | b2 | x ... ]  -> host hit of 3 blocks (h2 found)
+
+With an event log (``service.kv.events``), the blocks the tier starts or stops holding are recorded
+(tier ``host``): entries share their first blocks (every entry starts at position 0), so a block is
+held while any entry holds it, and what an entry adds or releases is a tail of its chain.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+
+from service.kv.events import BlockRemoved, BlockStored, KVEvent, KVEventLog
 
 MIN_BLOCKS = 4  # NOTE: shorter chains are cheap to recompute; not worth a copy out and back
 
@@ -49,12 +56,16 @@ class HostHit:
 class HostPrefixes:
     """Spilled chains under a budget of ``max_tokens``, least recently used dropped first."""
 
-    def __init__(self, max_tokens: int, block_size: int, min_blocks: int = MIN_BLOCKS) -> None:
+    def __init__(
+        self, max_tokens: int, block_size: int, min_blocks: int = MIN_BLOCKS, events: KVEventLog | None = None
+    ) -> None:
+        """``events``: where the blocks held and released are recorded (None: nowhere)."""
         if max_tokens < 0 or block_size < 1 or min_blocks < 1:
             raise ValueError("max_tokens >= 0, block_size >= 1 and min_blocks >= 1 are required")
         self.max_tokens = max_tokens
         self.block_size = block_size
         self.min_blocks = min_blocks
+        self.events = events
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # LRU first
         self._by_hash: dict[int, set[int]] = {}  # chain hash -> keys of entries holding it
         self.num_tokens = 0
@@ -69,12 +80,16 @@ class HostPrefixes:
         NOTE: a system prompt followed by a short user turn adds a block or two to a held prompt;
         copying all of it again for those would cost a save per request and crowd the budget.
         """
-        held = next((d for d in range(len(hashes), 0, -1) if hashes[d - 1] in self._by_hash), 0)
+        held = _depth(hashes, self._by_hash)
         return len(hashes) - held >= self.min_blocks and len(hashes) * self.block_size <= self.max_tokens
 
     def add(self, entry: HostEntry) -> list[int]:
         """Index ``entry`` (most recently used); returns the keys dropped to stay within the budget."""
         assert entry.key not in self._entries and len(entry.tokens) == len(entry.hashes) * self.block_size
+        if self.events is not None:
+            held = _depth(entry.hashes, self._by_hash)
+            if held < len(entry.hashes):
+                self.events.add(self._stored(entry, held))
         self._entries[entry.key] = entry
         for h in entry.hashes:
             self._by_hash.setdefault(h, set()).add(entry.key)
@@ -111,15 +126,46 @@ class HostPrefixes:
         """A hit is being loaded: it becomes the most recently used."""
         self._entries.move_to_end(key)
 
+    def held(self) -> frozenset[int]:
+        """The chain hashes of every block the tier holds."""
+        return frozenset(self._by_hash)
+
+    def records(self) -> list[KVEvent]:
+        """What the tier holds, as ``BlockStored`` records (each block once, parents first)."""
+        out: list[KVEvent] = []
+        seen: set[int] = set()
+        for entry in self._entries.values():
+            done = _depth(entry.hashes, seen)
+            if done < len(entry.hashes):
+                out.append(self._stored(entry, done))
+                seen.update(entry.hashes[done:])
+        return out
+
+    def _stored(self, entry: HostEntry, start: int) -> BlockStored:
+        """The record of ``entry``'s blocks from ``start`` on."""
+        bs = self.block_size
+        parent = entry.hashes[start - 1] if start else 0
+        return BlockStored(entry.hashes[start:], parent, entry.tokens[start * bs :], "host")
+
     def _drop_lru(self) -> int:
         key, entry = self._entries.popitem(last=False)
+        released: list[int] = []
         for h in entry.hashes:
             keys = self._by_hash[h]
             keys.discard(key)
             if not keys:
                 del self._by_hash[h]
+                released.append(h)
         self.num_tokens -= len(entry.tokens)
+        if self.events is not None and released:
+            self.events.add(BlockRemoved(tuple(released), "host"))
         return key
+
+
+def _depth(hashes: Seq[int], held: Container[int]) -> int:
+    """How many leading blocks of a chain are held: the deepest block whose hash is in ``held``
+    (a chain hash names its whole prefix)."""
+    return next((d for d in range(len(hashes), 0, -1) if hashes[d - 1] in held), 0)
 
 
 def shared_len(a: Seq[int], b: Seq[int]) -> int:

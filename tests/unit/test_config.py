@@ -63,6 +63,13 @@ RULES: list[tuple[dict[str, Any], str]] = [
     ({"tls_client_ca": "ca.crt"}, "--tls-client-ca needs them"),
     ({"http_port": 70000}, "--http-port must be in 0..65535 (0 = off) and differ from --port"),
     ({"http_port": 50051, "port": 50051}, "--http-port must be in 0..65535 (0 = off) and differ from --port"),
+    ({"kv_events_endpoint": "*:5557"}, "--kv-events-endpoint must be a tcp:// or ipc:// endpoint, got '*:5557'"),
+    ({"kv_events_endpoint": "tcp://*:1", "kv_events_replay_endpoint": "udp://x"}, "--kv-events-replay-endpoint must"),
+    ({"kv_events_replay_endpoint": "tcp://*:5558"}, "--kv-events-replay-endpoint needs --kv-events-endpoint"),
+    ({"kv_events_topic": "kv@{pod}"}, "--kv-events-topic may use {host}, {port} and {model} only (KeyError('pod'))"),
+    ({"kv_events_topic": "kv@{"}, "--kv-events-topic may use {host}, {port} and {model} only"),
+    ({"kv_events_hwm": -1}, "--kv-events-buffer-steps and --kv-events-hwm must be >= 0, --kv-events-max-queue >= 1"),
+    ({"kv_events_max_queue": 0}, "--kv-events-max-queue >= 1"),
 ]
 
 
