@@ -45,7 +45,7 @@ def get(stub: Any, batch_id: str, md: Any = None) -> bpb.Batch:
     return stub.GetBatch(bpb.GetBatchRequest(batch_id=batch_id), timeout=10, metadata=md).batch
 
 
-def wait_until(stub: Any, batch_id: str, done: Any, timeout: float = 90, md: Any = None) -> bpb.Batch:
+def wait_until(stub: Any, batch_id: str, done: Any, timeout: float = 600, md: Any = None) -> bpb.Batch:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         b = get(stub, batch_id, md)
@@ -107,7 +107,7 @@ def test_many_small_items_complete_with_one_result_each_in_both_orders(srv: Runn
     items.append(bpb.BatchItem(custom_id="chat", generate=pb.GenerateRequest(messages=chat, sampling=sp)))
     created = create(stub, items, display_name="small", metadata={"team": "a"})
     assert created.state == bpb.BATCH_STATE_IN_PROGRESS and created.counts.total == 32
-    watched = list(stub.WatchBatch(bpb.WatchBatchRequest(batch_id=created.id, min_interval_ms=50), timeout=90))
+    watched = list(stub.WatchBatch(bpb.WatchBatchRequest(batch_id=created.id, min_interval_ms=50), timeout=600))
     assert watched[-1].batch.state == bpb.BATCH_STATE_COMPLETED  # the stream ends in the final state
     job = get(stub, created.id)
     failed = [(r.custom_id, r.error.status, r.error.message) for r in results(stub, created.id) if r.HasField("error")]

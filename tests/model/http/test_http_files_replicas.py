@@ -57,7 +57,7 @@ def http(srv: RunningServer) -> httpx2.Client:
     return httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=60)
 
 
-def wait_done(client: httpx2.Client, batch_id: str, timeout: float = 120) -> dict[str, Any]:
+def wait_done(client: httpx2.Client, batch_id: str, timeout: float = 600) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while (b := client.get(f"/v1/batches/{batch_id}").json())["status"] not in (
         "completed", "failed", "cancelled", "expired"
