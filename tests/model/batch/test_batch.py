@@ -38,7 +38,7 @@ def gen(cid: str, prompt: str = "Hello", max_tokens: int = 4, **sampling: Any) -
 def create(stub: Any, items: list[bpb.BatchItem], chunk: int = 16, md: Any = None, **options: Any) -> bpb.Batch:
     msgs = [bpb.CreateBatchRequest(options=bpb.BatchOptions(**options), items=items[:chunk])]
     msgs += [bpb.CreateBatchRequest(items=items[i : i + chunk]) for i in range(chunk, len(items), chunk)]
-    return stub.CreateBatch(iter(msgs), timeout=60, metadata=md).batch
+    return stub.CreateBatch(iter(msgs), timeout=600, metadata=md).batch
 
 
 def get(stub: Any, batch_id: str, md: Any = None) -> bpb.Batch:
@@ -323,7 +323,7 @@ def test_each_item_run_has_a_span_linked_to_the_create_call_and_parent_of_its_re
             rpc = [s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER]
             return bool(rpc) and len([s for s in spans if s.name == "batch_item"]) == 2
 
-        assert wait_for(ended, timeout=60)
+        assert wait_for(ended, timeout=600)
         spans = traced.spans.get_finished_spans()
         rpc = next(s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER)
         assert rpc.name == "/inference.v1.BatchService/CreateBatch"

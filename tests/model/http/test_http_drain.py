@@ -17,7 +17,7 @@ pytestmark = pytest.mark.model
 
 def test_drain_refuses_new_http_requests_and_lets_streams_finish() -> None:
     srv = start_server(http_port=free_port())
-    http = httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=60)
+    http = httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=600)
     try:
         body = {"model": MODEL, "prompt": "Count:", "max_tokens": 40, "temperature": 0, "stream": True,
                 "ignore_eos": True}
@@ -45,7 +45,7 @@ def test_drain_rule_over_http_refuses_work_and_answers_reads() -> None:
     inference-unavailable-reason header, as gRPC's trailing metadata); reads of the model, the metrics
     and the caller's stored files and batches are answered."""
     srv = start_server(http_port=free_port())
-    http = httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=60)
+    http = httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=600)
     try:
         line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
                 "body": {"model": MODEL, "prompt": "Hi", "max_tokens": 2}}

@@ -112,7 +112,7 @@ def test_a_document_closed_within_its_budget_finishes_stop(closing_server: Runni
     }}
     fmt = {"type": "json_schema", "json_schema": {"name": "team", "schema": team}}
     messages = [{"role": "user", "content": "A team of three, as JSON."}]
-    with openai.OpenAI(base_url=base_url(closing_server), api_key="unused", max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=base_url(closing_server), api_key="unused", max_retries=0, timeout=600) as client:
         with pytest.raises(openai.BadRequestError) as info:  # below the shortest document: refused up front
             client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, response_format=fmt)
         minimum = int(info.value.message.rsplit("at least ", 1)[1].split()[0].strip("'\"}.,"))
