@@ -81,7 +81,7 @@ def submit(target: str, token: str, ids: list[str], prompts: list[str], max_toke
     msgs = [bpb.CreateBatchRequest(options=options, items=items[:64])]
     msgs += [bpb.CreateBatchRequest(items=items[i : i + 64]) for i in range(64, len(items), 64)]
     with grpc.insecure_channel(target, KEEPALIVE) as ch:
-        return _batches(ch).CreateBatch(iter(msgs), timeout=120, metadata=_md(token)).batch
+        return _batches(ch).CreateBatch(iter(msgs), timeout=600, metadata=_md(token)).batch
 
 
 def get(target: str, token: str, job_id: str) -> tuple[str, bpb.Batch | None]:
@@ -108,7 +108,7 @@ def results(target: str, token: str, job_id: str) -> tuple[str, list[tuple[str, 
         req = bpb.GetBatchResultsRequest(batch_id=job_id)
         return _status(lambda: [
             (r.custom_id, r.attempts, r.text, r.error.status if r.HasField("error") else "")
-            for r in _batches(ch).GetBatchResults(req, timeout=60, metadata=_md(token))
+            for r in _batches(ch).GetBatchResults(req, timeout=600, metadata=_md(token))
         ])
 
 

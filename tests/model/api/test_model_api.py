@@ -90,7 +90,7 @@ def test_chat_messages_tokenize_as_the_rendered_template(stub: Any) -> None:
 
 def test_count_tokens_equals_generate_prompt_tokens(stub: Any, channel: grpc.Channel) -> None:
     requests = [req(f"t{i}", text, 1) for i, text in enumerate(TEXTS)] + [req("chat", "", 1, messages=CHAT)]
-    results = run_stream(channel, requests, timeout=120)
+    results = run_stream(channel, requests, timeout=600)
     for i, text in enumerate(TEXTS):
         count = stub.CountTokens(pb.CountTokensRequest(text=text))
         done = results[f"t{i}"].done
@@ -107,7 +107,7 @@ def test_count_tokens_reports_a_prompt_longer_than_the_context(stub: Any, channe
     text = "hello " * 5000
     count = stub.CountTokens(pb.CountTokensRequest(text=text))
     assert count.count > count.context_size and count.max_new_tokens == 0
-    refused = run_stream(channel, [req("long", text, 1)], timeout=60)["long"]
+    refused = run_stream(channel, [req("long", text, 1)], timeout=600)["long"]
     assert refused.error is not None and refused.error.status == "INVALID_ARGUMENT"
     assert str(count.count) in refused.error.message
 

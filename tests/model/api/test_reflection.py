@@ -69,7 +69,7 @@ def test_json_encoded_generate_through_reflected_descriptors(server: RunningServ
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=resp_cls.FromString,
         )
-        events = [json.loads(json_format.MessageToJson(r)) for r in call(iter([request]), timeout=60)]
+        events = [json.loads(json_format.MessageToJson(r)) for r in call(iter([request]), timeout=600)]
     assert events[-1]["requestId"] == "a" and events[-1]["done"]["finishReason"] in (
         "FINISH_REASON_LENGTH",
         "FINISH_REASON_STOP",
@@ -97,5 +97,5 @@ def test_json_encoded_generate_json_through_reflected_descriptors(server: Runnin
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=resp_cls.FromString,
         )
-        resp = call(json_format.Parse(body, req_cls()), timeout=60)
+        resp = call(json_format.Parse(body, req_cls()), timeout=600)
     assert isinstance(json.loads(resp.json)["ok"], bool)

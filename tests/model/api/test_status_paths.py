@@ -36,29 +36,29 @@ def raw(method: str) -> Callable[[grpc.Channel, bytes], Any]:
 
 # (case, call(channel), status, words of the message)
 INFERENCE: list[tuple[str, Callable[[grpc.Channel], Any], grpc.StatusCode, str]] = [
-    ("json: empty schema", lambda ch: stub(ch).GenerateJSON(json_req(""), timeout=60),
+    ("json: empty schema", lambda ch: stub(ch).GenerateJSON(json_req(""), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "json_schema is empty"),
-    ("json: schema not JSON", lambda ch: stub(ch).GenerateJSON(json_req("{nope"), timeout=60),
+    ("json: schema not JSON", lambda ch: stub(ch).GenerateJSON(json_req("{nope"), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "not valid JSON"),
-    ("json: schema over the size limit", lambda ch: stub(ch).GenerateJSON(json_req(" " * 70_000 + "{}"), timeout=60),
+    ("json: schema over the size limit", lambda ch: stub(ch).GenerateJSON(json_req(" " * 70_000 + "{}"), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "the limit is 64000"),
-    ("json: n > 1", lambda ch: stub(ch).GenerateJSON(json_req(n=2), timeout=60),
+    ("json: n > 1", lambda ch: stub(ch).GenerateJSON(json_req(n=2), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "GenerateJSON returns one document"),
-    ("json: echo_prompt_logprobs", lambda ch: stub(ch).GenerateJSON(json_req(echo_prompt_logprobs=True), timeout=60),
+    ("json: echo_prompt_logprobs", lambda ch: stub(ch).GenerateJSON(json_req(echo_prompt_logprobs=True), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "GenerateJSON returns one document"),
-    ("json: stop strings", lambda ch: stub(ch).GenerateJSON(json_req(stop=["}"]), timeout=60),
+    ("json: stop strings", lambda ch: stub(ch).GenerateJSON(json_req(stop=["}"]), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "stop strings cannot be combined with a JSON Schema"),
-    ("json: empty prompt", lambda ch: stub(ch).GenerateJSON(json_req(prompt=""), timeout=60),
+    ("json: empty prompt", lambda ch: stub(ch).GenerateJSON(json_req(prompt=""), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
     ("json: max_tokens below the shortest document (closing is the default)",
-     lambda ch: stub(ch).GenerateJSON(json_req(max_tokens=2), timeout=60),
+     lambda ch: stub(ch).GenerateJSON(json_req(max_tokens=2), timeout=600),
      grpc.StatusCode.OUT_OF_RANGE, "is below the shortest valid document for this schema"),
     ("json: cut off at max_tokens", lambda ch: stub(ch).GenerateJSON(
-        json_req(max_tokens=2, json_finish=pb.JSON_FINISH_CUT_OFF), timeout=60),
+        json_req(max_tokens=2, json_finish=pb.JSON_FINISH_CUT_OFF), timeout=600),
      grpc.StatusCode.OUT_OF_RANGE, "JSON document cut off at max_tokens=2"),
     ("json: only-if-cached with the cache off", lambda ch: stub(ch).GenerateJSON(
         pb.GenerateJSONRequest(prompt="JSON:", json_schema=OBJECT, sampling=pb.SamplingParams(temperature=0.0),
-                               cache_policy=pb.CACHE_POLICY_ONLY_IF_CACHED), timeout=60),
+                               cache_policy=pb.CACHE_POLICY_ONLY_IF_CACHED), timeout=600),
      grpc.StatusCode.NOT_FOUND, "ONLY_IF_CACHED: the response cache is off on this server"),
     ("json: malformed message", lambda ch: raw("GenerateJSON")(ch, b"\xff\xff\xff"),
      grpc.StatusCode.INVALID_ARGUMENT, "message is not a valid inference.v1.GenerateJSONRequest"),
@@ -104,7 +104,7 @@ def test_a_cancelled_generate_json_frees_its_sequence(server: RunningServer, cha
     """The client cancels a running GenerateJSON: the engine drops its sequence and its KV blocks."""
     wait_idle(server)
     started = server.engine.metrics.snapshot()["tiers"]
-    future = stub(channel).GenerateJSON.future(json_req(LONG, "A long list:", max_tokens=2000), timeout=120)
+    future = stub(channel).GenerateJSON.future(json_req(LONG, "A long list:", max_tokens=2000), timeout=600)
     assert wait_for(lambda: any(s.request_id.startswith("json-") for s in server.engine.scheduler.running))
     assert future.cancel()
     with pytest.raises(grpc.FutureCancelledError):
@@ -189,7 +189,7 @@ def test_a_client_that_disconnects_during_an_upload_leaves_no_job(
         hold.wait(60)  # the upload never finishes: the client goes away instead
 
     with grpc.insecure_channel(server.target) as ch:
-        call = bstub(ch).CreateBatch.future(upload(), timeout=120)
+        call = bstub(ch).CreateBatch.future(upload(), timeout=600)
         # the first message created the job server-side, still validating
         assert wait_for(lambda: len(jobs()) == len(before) + 1), jobs()
         (new,) = set(jobs()) - set(before)

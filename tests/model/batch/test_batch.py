@@ -38,14 +38,14 @@ def gen(cid: str, prompt: str = "Hello", max_tokens: int = 4, **sampling: Any) -
 def create(stub: Any, items: list[bpb.BatchItem], chunk: int = 16, md: Any = None, **options: Any) -> bpb.Batch:
     msgs = [bpb.CreateBatchRequest(options=bpb.BatchOptions(**options), items=items[:chunk])]
     msgs += [bpb.CreateBatchRequest(items=items[i : i + chunk]) for i in range(chunk, len(items), chunk)]
-    return stub.CreateBatch(iter(msgs), timeout=60, metadata=md).batch
+    return stub.CreateBatch(iter(msgs), timeout=600, metadata=md).batch
 
 
 def get(stub: Any, batch_id: str, md: Any = None) -> bpb.Batch:
     return stub.GetBatch(bpb.GetBatchRequest(batch_id=batch_id), timeout=10, metadata=md).batch
 
 
-def wait_until(stub: Any, batch_id: str, done: Any, timeout: float = 90, md: Any = None) -> bpb.Batch:
+def wait_until(stub: Any, batch_id: str, done: Any, timeout: float = 600, md: Any = None) -> bpb.Batch:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         b = get(stub, batch_id, md)
@@ -107,7 +107,7 @@ def test_many_small_items_complete_with_one_result_each_in_both_orders(srv: Runn
     items.append(bpb.BatchItem(custom_id="chat", generate=pb.GenerateRequest(messages=chat, sampling=sp)))
     created = create(stub, items, display_name="small", metadata={"team": "a"})
     assert created.state == bpb.BATCH_STATE_IN_PROGRESS and created.counts.total == 32
-    watched = list(stub.WatchBatch(bpb.WatchBatchRequest(batch_id=created.id, min_interval_ms=50), timeout=90))
+    watched = list(stub.WatchBatch(bpb.WatchBatchRequest(batch_id=created.id, min_interval_ms=50), timeout=600))
     assert watched[-1].batch.state == bpb.BATCH_STATE_COMPLETED  # the stream ends in the final state
     job = get(stub, created.id)
     failed = [(r.custom_id, r.error.status, r.error.message) for r in results(stub, created.id) if r.HasField("error")]
@@ -323,7 +323,7 @@ def test_each_item_run_has_a_span_linked_to_the_create_call_and_parent_of_its_re
             rpc = [s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER]
             return bool(rpc) and len([s for s in spans if s.name == "batch_item"]) == 2
 
-        assert wait_for(ended, timeout=60)
+        assert wait_for(ended, timeout=600)
         spans = traced.spans.get_finished_spans()
         rpc = next(s for s in spans if s.context.trace_id == TRACE_ID and s.kind is SpanKind.SERVER)
         assert rpc.name == "/inference.v1.BatchService/CreateBatch"

@@ -74,7 +74,7 @@ def health(ch: grpc.Channel, service: str) -> str:
 
 def generate_text(ch: grpc.Channel) -> str:
     req = pb.GenerateRequest(request_id="g", prompt="Hello", sampling=pb.SamplingParams(max_tokens=4))
-    out = pb_grpc.InferenceServiceStub(ch).Generate(iter([req]), timeout=60)
+    out = pb_grpc.InferenceServiceStub(ch).Generate(iter([req]), timeout=600)
     return "".join(m.delta.text for m in out if m.HasField("delta"))
 
 
@@ -91,7 +91,7 @@ def test_a_database_down_at_start_leaves_generate_serving_and_batch_unavailable_
             assert (health(ch, BATCH), health(ch, "inference.v1.InferenceService")) == ("NOT_SERVING", "SERVING")
             assert generate_text(ch) != ""
             late_db.start()
-            wait_batch_store(srv, timeout=60)
+            wait_batch_store(srv, timeout=600)
             assert health(ch, BATCH) == "SERVING"
             job = create(stub, [gen(f"i{n}", PROMPTS[n % 4]) for n in range(4)])
             assert final(stub, job.id).counts.completed == 4
@@ -133,7 +133,7 @@ def test_the_http_batch_api_answers_503_with_a_retry_hint_while_the_database_is_
 
 def test_an_unknown_batch_db_scheme_exits_2_before_the_model_loads() -> None:
     done = subprocess.run(server_argv("--batch-db", "mysql://u:secret@db/jobs"), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 2
     assert "unknown scheme 'mysql'" in done.stderr and "secret" not in done.stderr
     assert "loading" not in done.stderr
@@ -146,7 +146,7 @@ def test_while_draining_with_the_store_down_work_is_refused_for_the_drain_and_re
     late_db.start()
     srv: RunningServer = start_server(batch_db=late_db.url("postgres"), replica_id="solo")
     try:
-        wait_batch_store(srv, timeout=60)
+        wait_batch_store(srv, timeout=600)
         with grpc.insecure_channel(srv.target) as ch:
             job = create(bpb_grpc.BatchServiceStub(ch), [gen("i0", PROMPTS[0])])
             hold = OpenStream(ch)  # one long request keeps the server in its grace period
@@ -169,7 +169,7 @@ def test_while_draining_with_the_store_down_work_is_refused_for_the_drain_and_re
 
             late_db.restart(while_down)
             assert for_the_drain == [f"{BATCH}.CreateBatch"]
-            wait_batch_store(srv, timeout=60)
+            wait_batch_store(srv, timeout=600)
             for method, call in batch_calls(ch, job.id).items():  # the store is back: the drain rule alone
                 if ANSWERED_WHILE_DRAINING[method]:
                     call()

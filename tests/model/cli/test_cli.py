@@ -26,7 +26,7 @@ PERSON = {
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env, check=False)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, env=env, check=False)
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess[str], status: str) -> None:
@@ -89,7 +89,7 @@ def test_generate_chat_from_stdin(server: Any) -> None:
         input="Hello!",
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -207,5 +207,5 @@ def test_usage_errors_and_console_script() -> None:
     script = Path(sys.executable).with_name("inference-client")
     if not script.exists():
         pytest.skip("console script not installed (pip install -e .)")
-    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and "generate" in done.stdout

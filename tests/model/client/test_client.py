@@ -37,7 +37,7 @@ PERSON = {
 
 @pytest.fixture()
 def client(server: Any) -> Iterator[InferenceClient]:
-    with InferenceClient(server.target, timeout=120) as c:
+    with InferenceClient(server.target, timeout=600) as c:
         yield c
 
 
@@ -94,7 +94,7 @@ def exact_server() -> Iterator[Any]:
 @pytest.mark.model
 def test_generate_is_reproducible_with_seed_and_accepts_chat(exact_server: Any) -> None:
     kwargs: dict[str, Any] = dict(max_tokens=12, temperature=0.9, seed=1234)
-    with InferenceClient(exact_server.target, timeout=120) as client:
+    with InferenceClient(exact_server.target, timeout=600) as client:
         first, again = (client.generate("The weather today", **kwargs).text() for _ in range(2))
         other_seed = client.generate("The weather today", **{**kwargs, "seed": 99}).text()
         gen = client.generate(messages=[{"role": "user", "content": "Say hi"}], max_tokens=6, priority="batch")
@@ -119,7 +119,7 @@ def test_invalid_argument_raises_and_is_not_retried(client: InferenceClient) -> 
 def test_generate_many_multiplexes_on_one_stream(server: Any) -> None:
     counter = _CallCounter()
     channel = grpc.intercept_channel(grpc.insecure_channel(server.target), counter)
-    with InferenceClient(channel=channel, timeout=120) as c:
+    with InferenceClient(channel=channel, timeout=600) as c:
         stream = c.generate_many(["One", "Two", "Three", "Four"], max_tokens=16, ignore_eos=True)
         pairs = list(stream)
     channel.close()
@@ -239,7 +239,7 @@ def test_metrics_and_health(client: InferenceClient) -> None:
 
 @pytest.mark.model
 async def test_async_client(server: Any) -> None:
-    async with AsyncInferenceClient(server.target, timeout=120) as c:
+    async with AsyncInferenceClient(server.target, timeout=600) as c:
         events = [e async for e in c.generate("Once upon a time", max_tokens=6, ignore_eos=True)]
         assert isinstance(events[-1], Done) and events[-1].usage.completion_tokens == 6
         results = await c.generate_many(["a", "b", ""], max_tokens=4, ignore_eos=True).collect()
@@ -262,7 +262,7 @@ async def test_async_client(server: Any) -> None:
 
 @pytest.mark.model
 async def test_async_open_stream_submit_and_cancel(server: Any) -> None:
-    async with AsyncInferenceClient(server.target, timeout=120) as c:
+    async with AsyncInferenceClient(server.target, timeout=600) as c:
         stream = c.open_stream()
         long_id = await stream.submit(RequestSpec(prompt="Go on and on:", **LONG))
         short_id = await stream.submit(RequestSpec(prompt="Hi", max_tokens=3, ignore_eos=True))
@@ -284,13 +284,13 @@ def test_queue_full_requests_are_retried_on_a_real_overloaded_server() -> None:
     srv = start_server(max_running=1, queue_limit_interactive=1)
     try:
         prompts = [f"Item {i}:" for i in range(8)]
-        with InferenceClient(srv.target, retry=NO_RETRY, timeout=120) as c:
+        with InferenceClient(srv.target, retry=NO_RETRY, timeout=600) as c:
             results = c.generate_many(prompts, max_tokens=4, ignore_eos=True).collect()
             errors = [r.error for r in results.values() if r.error is not None]
             assert errors, "8 requests at once should overflow a queue of 1"
             assert all(e.code == grpc.StatusCode.RESOURCE_EXHAUSTED and e.retry_after for e in errors)
         patient = RetryPolicy(max_attempts=40, initial_backoff=0.05, max_backoff=0.5)
-        with InferenceClient(srv.target, retry=patient, timeout=120) as c:
+        with InferenceClient(srv.target, retry=patient, timeout=600) as c:
             results = c.generate_many(prompts, max_tokens=4, ignore_eos=True).collect()
             assert all(r.ok for r in results.values()), [r.error for r in results.values()]
             assert c.metrics().rejections_total > len(errors), "the retried requests were rejected first"

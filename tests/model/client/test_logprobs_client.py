@@ -35,7 +35,7 @@ def test_client_scores_a_prompt_without_generating(server: Any) -> None:
 def test_cli_prints_choices_and_logprob_tables(server: Any) -> None:
     args = ["--target", server.target, "generate", "Hello", "-n", "2", "--max-tokens", "4", "--temperature", "0.8"]
     args += ["--logprobs", "--top-logprobs", "2", "--seed", "1"]
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "--- choice 0 ---" in out and "--- choice 1 ---" in out

@@ -72,7 +72,7 @@ def test_cli_count_plain_and_chat_from_stdin(server: Any) -> None:
         input="Hi 🎉",
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
         check=False,
     )
     with InferenceClient(server.target, timeout=30) as client:

@@ -163,7 +163,7 @@ def scraped() -> Iterator[dict[str, set[str]]]:
         # the exporter reads a snapshot cached for otel_metrics.SNAPSHOT_TTL_S: wait for one with the
         # refused request in it
         key = "gen_ai_server_request_duration_seconds_count"
-        assert wait_for(lambda: "error_type" in srv.scrape().get(key, set()), timeout=60), srv.scrape().get(key)
+        assert wait_for(lambda: "error_type" in srv.scrape().get(key, set()), timeout=600), srv.scrape().get(key)
         yield srv.scrape()
     finally:
         srv.close()

@@ -25,11 +25,11 @@ def base_url(srv: RunningServer) -> str:
 
 @pytest.fixture()
 def client(api_server: RunningServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=base_url(api_server), api_key="unused", max_retries=0, timeout=120) as c:
+    with openai.OpenAI(base_url=base_url(api_server), api_key="unused", max_retries=0, timeout=600) as c:
         yield c
 
 
 @pytest.fixture()
 async def aclient(api_server: RunningServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=base_url(api_server), api_key="unused", max_retries=0, timeout=120) as c:
+    async with openai.AsyncOpenAI(base_url=base_url(api_server), api_key="unused", max_retries=0, timeout=600) as c:
         yield c

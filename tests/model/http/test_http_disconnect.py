@@ -19,7 +19,7 @@ pytestmark = pytest.mark.model
 def open_stream(port: int, body: dict[str, Any]) -> tuple[socket.socket, str]:
     """A raw HTTP/1.1 streaming request; returns the socket and the request id of its first chunk."""
     payload = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=600)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                  b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
     buf = b""

@@ -46,7 +46,7 @@ def two_servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Two
         for replica in ("a", "b"):
             started.append(start_server(batch_db=url, replica_id=replica, http_port=free_port()))
         for srv in started:
-            wait_batch_store(srv, timeout=60)
+            wait_batch_store(srv, timeout=600)
         yield TwoServers(started[0], started[1], dsn, work)
     finally:
         for srv in started:
@@ -54,10 +54,10 @@ def two_servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Two
 
 
 def http(srv: RunningServer) -> httpx2.Client:
-    return httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=60)
+    return httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=600)
 
 
-def wait_done(client: httpx2.Client, batch_id: str, timeout: float = 120) -> dict[str, Any]:
+def wait_done(client: httpx2.Client, batch_id: str, timeout: float = 600) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while (b := client.get(f"/v1/batches/{batch_id}").json())["status"] not in (
         "completed", "failed", "cancelled", "expired"

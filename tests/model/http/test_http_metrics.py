@@ -42,7 +42,7 @@ def scrape(http: httpx2.Client) -> dict[str, float]:
 
 
 def test_metrics_show_the_queue_under_load_and_return_to_idle(small: RunningServer) -> None:
-    http = httpx2.Client(base_url=f"http://127.0.0.1:{small.server.http_port}", timeout=120)
+    http = httpx2.Client(base_url=f"http://127.0.0.1:{small.server.http_port}", timeout=600)
     idle = scrape(http)
     assert idle["vllm:num_requests_waiting"] == 0 and idle["vllm:num_requests_running"] == 0
     body = {"model": MODEL, "prompt": "List many animals:", "max_tokens": 48, "temperature": 0, "ignore_eos": True}
@@ -71,7 +71,7 @@ def test_metrics_show_the_queue_under_load_and_return_to_idle(small: RunningServ
 def test_one_scrape_has_the_latency_histograms_beside_the_document_counters(small: RunningServer) -> None:
     """Issue 27's vllm:* histograms and issue 30's JSON document counters on the same /metrics, both
     counting an HTTP request with a JSON Schema."""
-    http = httpx2.Client(base_url=f"http://127.0.0.1:{small.server.http_port}", timeout=120)
+    http = httpx2.Client(base_url=f"http://127.0.0.1:{small.server.http_port}", timeout=600)
 
     def figures() -> dict[str, float]:
         out: dict[str, float] = {}

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture()
 def http(api_server: RunningServer) -> httpx2.Client:
-    return httpx2.Client(base_url=f"http://127.0.0.1:{api_server.server.http_port}", timeout=60)
+    return httpx2.Client(base_url=f"http://127.0.0.1:{api_server.server.http_port}", timeout=600)
 
 
 def test_sse_framing_is_data_lines_ending_with_done(http: httpx2.Client) -> None:

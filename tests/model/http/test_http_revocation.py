@@ -35,7 +35,7 @@ def served(tmp_path: Path) -> Iterator[tuple[RunningServer, Path]]:
 
 def sdk(srv: RunningServer, tenant: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server.http_port}/v1", api_key=TOKENS[tenant],
-                         max_retries=0, timeout=120)
+                         max_retries=0, timeout=600)
 
 
 def test_revoked_token_is_refused_next_request_and_ends_its_running_stream(

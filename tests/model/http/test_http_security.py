@@ -66,12 +66,12 @@ def sdk(srv: RunningServer, setup: Setup, tenant: str | None) -> openai.OpenAI:
     http = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=setup.ca_file))
     key = TOKENS[tenant] if tenant else "not-a-token"
     return openai.OpenAI(base_url=f"https://localhost:{srv.server.http_port}/v1", api_key=key, max_retries=0,
-                         http_client=http, timeout=60)
+                         http_client=http, timeout=600)
 
 
 def raw(srv: RunningServer, setup: Setup) -> httpx2.Client:
     ca = ssl.create_default_context(cafile=setup.ca_file)
-    return httpx2.Client(base_url=f"https://localhost:{srv.server.http_port}", verify=ca, timeout=60)
+    return httpx2.Client(base_url=f"https://localhost:{srv.server.http_port}", verify=ca, timeout=600)
 
 
 def grpc_channel(srv: RunningServer, setup: Setup) -> grpc.Channel:
@@ -142,7 +142,7 @@ def test_http_and_grpc_share_the_response_cache_and_the_fair_share_counter(secur
     prompt = "The three primary colors are"
     before, service0 = secure.server.intake.cache.metrics(), tenant_row(secure, "alpha")["service"]
     with grpc_channel(secure, setup) as ch:
-        first = run_stream(ch, [req("c1", prompt, 8)], metadata=bearer("alpha"), timeout=60)["c1"]
+        first = run_stream(ch, [req("c1", prompt, 8)], metadata=bearer("alpha"), timeout=600)["c1"]
     assert first.done is not None and not first.done.cache_hit
     service1 = tenant_row(secure, "alpha")["service"]
     r = sdk(secure, setup, "alpha").completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)

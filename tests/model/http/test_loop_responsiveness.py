@@ -67,10 +67,10 @@ def test_health_and_grpc_answer_while_a_10000_message_chat_is_being_prepared(
                           timeout=300)
         assert inside.wait(120), "the chat's preparation never started"
         # NOTE: the chat's preparation is still in progress (held): the loop must answer meanwhile.
-        health = httpx2.get(f"{http_base(api_server)}/health", timeout=60)
+        health = httpx2.get(f"{http_base(api_server)}/health", timeout=600)
         with grpc.insecure_channel(api_server.target) as ch:
-            check = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=60)
-        models = httpx2.get(f"{http_base(api_server)}/v1/models", timeout=60)
+            check = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=600)
+        models = httpx2.get(f"{http_base(api_server)}/v1/models", timeout=600)
         assert not big.done()
         release.set()
         refused = big.result()
@@ -84,14 +84,14 @@ def test_a_chat_that_cannot_fit_the_context_is_refused_before_it_is_tokenized(ap
     builder = api_server.server.intake.builder
     chars = builder.limits.max_context * builder.max_piece_bytes  # no tokenization of this many fits
     r = httpx2.post(f"{http_base(api_server)}/v1/chat/completions",
-                    json=chat(2, "word " * (chars // 10 + 1)), timeout=120)
+                    json=chat(2, "word " * (chars // 10 + 1)), timeout=600)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert error["message"].startswith("prompt is at least ")
     assert f"the context limit is {builder.limits.max_context} tokens" in error["message"]
     r = httpx2.post(f"{http_base(api_server)}/v1/completions",
-                    json={"model": MODEL, "prompt": "word " * (chars // 5 + 1), "max_tokens": 4}, timeout=120)
+                    json={"model": MODEL, "prompt": "word " * (chars // 5 + 1), "max_tokens": 4}, timeout=600)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt is at least "), r.text
 
 

@@ -25,7 +25,7 @@ def jsonl(rows: list[dict[str, object]]) -> io.BytesIO:
     return io.BytesIO("\n".join(json.dumps(r) for r in rows).encode())
 
 
-def wait_done(client: openai.OpenAI, batch_id: str, timeout: float = 120) -> object:
+def wait_done(client: openai.OpenAI, batch_id: str, timeout: float = 600) -> object:
     deadline = time.monotonic() + timeout
     while (b := client.batches.retrieve(batch_id)).status not in ("completed", "failed", "cancelled", "expired"):
         assert time.monotonic() < deadline, f"batch still {b.status}"

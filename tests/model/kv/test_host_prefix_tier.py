@@ -83,5 +83,5 @@ def test_a_finished_requests_prefix_is_copied_out_while_the_engine_is_idle(spill
     saved = len(runner._spilled)
     other = "You catalogue rare books for a university library and answer questions about them. " * 4
     ask(spilling, "alone", "Which editions do you hold?", rec, system=other)  # a new chain: worth a copy
-    assert wait_for(lambda: len(runner._spilled) > saved, timeout=60), "the spill waited for a next step"
+    assert wait_for(lambda: len(runner._spilled) > saved, timeout=600), "the spill waited for a next step"
     assert_kv_clean(spilling)

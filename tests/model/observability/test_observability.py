@@ -135,7 +135,7 @@ def test_health_not_serving_while_loading_and_draining() -> None:
     with grpc.insecure_channel(srv.target) as ch:
         assert _statuses(ch) == {NOT_SERVING}
         threading.Thread(target=_watch, args=(ch, seen), daemon=True).start()
-        assert seen.get(timeout=60) == NOT_SERVING
+        assert seen.get(timeout=600) == NOT_SERVING
         stub = pb_grpc.InferenceServiceStub(ch)
         for call in (
             lambda: run_stream(ch, [req("early", "Hi", 2)]),
@@ -148,15 +148,15 @@ def test_health_not_serving_while_loading_and_draining() -> None:
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "loading" in str(err.value.details())
         gate.set()
         started.result(120)
-        assert seen.get(timeout=60) == SERVING and _statuses(ch) == {SERVING}
+        assert seen.get(timeout=600) == SERVING and _statuses(ch) == {SERVING}
         assert run_stream(ch, [req("ok", "Hi", 2)])["ok"].done is not None
         srv.call(srv.server.drain(1.0))
-        assert seen.get(timeout=60) == NOT_SERVING and _statuses(ch) == {NOT_SERVING}
+        assert seen.get(timeout=600) == NOT_SERVING and _statuses(ch) == {NOT_SERVING}
         with pytest.raises(grpc.RpcError) as err:
             run_stream(ch, [req("late", "Hi", 2)])
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in str(err.value.details())
         srv.close()
-        assert seen.get(timeout=60) == -1 and seen.empty()
+        assert seen.get(timeout=600) == -1 and seen.empty()
 
 
 # -- GetMetrics ----------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ def test_request_span_is_child_of_rpc_span_of_caller_trace(traced: Traced) -> No
         res = run_stream(ch, [request], metadata=TRACEPARENT)
     done: Any = res["t1"].done
     # the RPC span ends just after the last response
-    assert wait_for(lambda: any(s.kind is SpanKind.SERVER for s in traced.spans_of(TRACE_ID)), timeout=60)
+    assert wait_for(lambda: any(s.kind is SpanKind.SERVER for s in traced.spans_of(TRACE_ID)), timeout=600)
     spans = traced.spans_of(TRACE_ID)
     rpc = next(s for s in spans if s.kind is SpanKind.SERVER)
     assert rpc.name == "/inference.v1.InferenceService/Generate" and rpc.parent.span_id == PARENT_ID
@@ -343,7 +343,7 @@ def test_otel_and_prometheus_metrics_match_get_metrics(traced: Traced) -> None:
         return {p.attributes["inference.priority"]: p.value for p in _points(traced.metrics)["inference.requests.accepted"]}
 
     # the OTel view reads a snapshot cached for otel_metrics.SNAPSHOT_TTL_S: wait for a fresh one
-    assert wait_for(lambda: accepted_now().get("interactive") == inter.requests_total, timeout=60)
+    assert wait_for(lambda: accepted_now().get("interactive") == inter.requests_total, timeout=600)
     points = _points(traced.metrics)
     accepted = {p.attributes["inference.priority"]: p.value for p in points["inference.requests.accepted"]}
     assert accepted["interactive"] == inter.requests_total
@@ -367,7 +367,7 @@ def test_otel_and_prometheus_metrics_match_get_metrics(traced: Traced) -> None:
         )
         return float(line.rsplit(" ", 1)[1]), text
 
-    assert wait_for(lambda: scraped_accepted()[0] == inter.requests_total, timeout=60), scraped_accepted()[0]
+    assert wait_for(lambda: scraped_accepted()[0] == inter.requests_total, timeout=600), scraped_accepted()[0]
     text = scraped_accepted()[1]
     assert "gen_ai_server_request_duration_seconds_bucket" in text
 

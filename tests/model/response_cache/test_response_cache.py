@@ -44,7 +44,7 @@ def stub(cached_server: RunningServer) -> Iterator[pb_grpc.InferenceServiceStub]
 
 
 def _one(stub: pb_grpc.InferenceServiceStub, request: pb.GenerateRequest) -> Result:
-    return collect(stub.Generate(iter([request]), timeout=120))[request.request_id]
+    return collect(stub.Generate(iter([request]), timeout=600))[request.request_id]
 
 
 def _cached(
@@ -107,7 +107,7 @@ def test_identical_requests_in_flight_are_computed_once(
     coalesced = stub.GetMetrics(pb.GetMetricsRequest()).response_cache.coalesced
     requests = [_cached(f"c{i}", "List three colours:", max_tokens=24) for i in range(3)]
     with grpc.insecure_channel(cached_server.target) as ch:
-        results = run_stream(ch, requests, timeout=120)
+        results = run_stream(ch, requests, timeout=600)
     texts = {r.text for r in results.values()}
     assert len(texts) == 1 and all(r.done is not None for r in results.values())
     assert sum(r.done.cache_hit for r in results.values() if r.done) == 2
@@ -120,7 +120,7 @@ def test_generate_json_replays_the_stored_document(stub: pb_grpc.InferenceServic
         sampling = pb.SamplingParams(temperature=0.0, max_tokens=48)
         request = pb.GenerateJSONRequest(prompt="A person:", json_schema=SCHEMA, sampling=sampling)
         request.cache_policy = policy  # type: ignore[assignment]
-        return stub.GenerateJSON(request, timeout=120)
+        return stub.GenerateJSON(request, timeout=600)
 
     with pytest.raises(grpc.RpcError) as err:
         ask(pb.CACHE_POLICY_ONLY_IF_CACHED)
@@ -194,7 +194,7 @@ def test_cache_hit_is_on_the_request_span_and_in_the_otel_metrics() -> None:
                 }
 
             # the OTel view reads a snapshot cached for otel_metrics.SNAPSHOT_TTL_S: wait for a fresh one
-            assert wait_for(lambda: points().get("miss") == cache.misses, timeout=60), points()
+            assert wait_for(lambda: points().get("miss") == cache.misses, timeout=600), points()
             seen = points()
     finally:
         call(server.stop())
@@ -219,7 +219,7 @@ def test_a_tenant_never_gets_another_tenants_cached_answer(tmp_path: Path) -> No
                 auth = (("authorization", f"Bearer {tokens[tenant]}"),)
                 return collect(
                     pb_grpc.InferenceServiceStub(ch).Generate(
-                        iter([_cached(rid, "Shared prompt", policy)]), metadata=auth, timeout=120
+                        iter([_cached(rid, "Shared prompt", policy)]), metadata=auth, timeout=600
                     )
                 )[rid]
 

@@ -40,7 +40,7 @@ def _ask(stub: pb_grpc.InferenceServiceStub, rid: str, text: str, semantic: bool
         sampling=pb.SamplingParams(temperature=0.0, max_tokens=12),
         semantic_cache=semantic,
     )
-    result = collect(stub.Generate(iter([request]), timeout=120))[rid]
+    result = collect(stub.Generate(iter([request]), timeout=600))[rid]
     assert result.done is not None, result.error
     return result.done
 

@@ -145,7 +145,7 @@ def _load(
 
 
 def test_round_robin_spreads_drains_and_takes_a_restarted_replica_back(replicas: list[Replica]) -> None:
-    client = InferenceClient(_target(replicas), timeout=120)
+    client = InferenceClient(_target(replicas), timeout=600)
     try:
         before = [r.requests_total() for r in replicas]
         for i in range(12):
@@ -157,7 +157,7 @@ def test_round_robin_spreads_drains_and_takes_a_restarted_replica_back(replicas:
         errors: list[BaseException] = []
         answered: list[str] = []
         threads = _load(client, n_threads=4, per_thread=6, errors=errors, answered=answered)
-        assert wait_for(lambda: len(answered) >= 4, timeout=120), errors  # the load runs: 20 requests to go
+        assert wait_for(lambda: len(answered) >= 4, timeout=600), errors  # the load runs: 20 requests to go
         victim = replicas[0]
         victim.terminate()
         for t in threads:
@@ -181,7 +181,7 @@ def test_round_robin_spreads_drains_and_takes_a_restarted_replica_back(replicas:
 
 def test_prefix_affinity_keeps_a_prefix_on_one_replica_within_the_bound(replicas: list[Replica]) -> None:
     client = InferenceClient(
-        _target(replicas), timeout=120, balancing="prefix_affinity", affinity_epsilon=0.5
+        _target(replicas), timeout=600, balancing="prefix_affinity", affinity_epsilon=0.5
     )
     try:
         assert client.pool is not None
@@ -218,11 +218,11 @@ def test_round_robin_skips_a_draining_replica_by_its_health(replicas: list[Repli
     """While a replica drains (NOT_SERVING, still up, finishing a long request), health-checked
     round_robin sends it nothing: no retries needed (NO_RETRY), none lost."""
     victim = replicas[1]
-    with InferenceClient(victim.address, timeout=120) as direct:
+    with InferenceClient(victim.address, timeout=600) as direct:
         # NOTE: long enough to keep the victim draining until it is closed below
         long = direct.generate("Write a long story.", max_tokens=4000, temperature=0.0, ignore_eos=True)
         next(iter(long))  # running on the victim
-        client = InferenceClient(_target(replicas), timeout=120, retry=NO_RETRY)
+        client = InferenceClient(_target(replicas), timeout=600, retry=NO_RETRY)
         try:
             for i in range(3):
                 _ask(client, f"Warm {i}", max_tokens=2)

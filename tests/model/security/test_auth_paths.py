@@ -149,7 +149,7 @@ def test_a_rotated_certificate_reaches_new_connections_of_the_real_server(tmp_pa
         with grpc.secure_channel(f"localhost:{srv.port}", grpc.ssl_channel_credentials(new_ca.pem)) as ch:
             out = list(pb_grpc.InferenceServiceStub(ch).Generate(
                 iter([pb.GenerateRequest(request_id="r", prompt="Hi", sampling=pb.SamplingParams(max_tokens=2))]),
-                timeout=60,
+                timeout=600,
             ))
         assert out[-1].WhichOneof("event") == "done"
     finally:

@@ -86,7 +86,7 @@ def bearer(tenant: str) -> tuple[tuple[str, str]]:
 
 
 def generate(ch: grpc.Channel, metadata: Any = None, max_tokens: int = 4, **kw: Any) -> Any:
-    return run_stream(ch, [req("r1", "Hello", max_tokens, **kw)], metadata=metadata, timeout=60)["r1"]
+    return run_stream(ch, [req("r1", "Hello", max_tokens, **kw)], metadata=metadata, timeout=600)["r1"]
 
 
 def test_token_and_certificate_identity_authenticate(secure: RunningServer, setup: Setup) -> None:
@@ -188,7 +188,7 @@ def test_plaintext_client_is_refused(secure: RunningServer) -> None:
 
 def test_quota_max_concurrent_in_stream(secure: RunningServer, setup: Setup) -> None:
     with setup.channel(secure.port) as ch, EngineHold(secure.engine) as hold:
-        stream = OpenStream(ch, timeout=60, metadata=bearer("tight"))
+        stream = OpenStream(ch, timeout=600, metadata=bearer("tight"))
         stream.send(req("long", "Count:", 32, ignore_eos=True))
         stream.send(req("second", "Hi", 4))
         stream.close()

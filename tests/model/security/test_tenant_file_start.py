@@ -34,7 +34,7 @@ def test_server_with_duplicates_in_its_tenants_file_exits_2_with_one_line(
     path = tmp_path / "tenants.json"
     path.write_text(doc)
     done = subprocess.run(
-        server_argv("--auth-tokens", str(path)), cwd=ROOT, capture_output=True, text=True, timeout=120
+        server_argv("--auth-tokens", str(path)), cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]

@@ -97,7 +97,7 @@ def _start_load(stream: OpenStream, metrics_port: int) -> None:
     """Long requests running and counted by the Prometheus endpoint, then short ones running too."""
     for rid in LONG:
         stream.send(req(rid, "Tell me a very long story about dragons.", 3000, ignore_eos=True))
-    assert stream.next_event(timeout=60).WhichOneof("event") == "delta"
+    assert stream.next_event(timeout=600).WhichOneof("event") == "delta"
     end = time.monotonic() + 60
     while _accepted(metrics_port) < len(LONG):  # --prometheus-port serves the live figures
         assert time.monotonic() < end, "Prometheus endpoint does not count the accepted requests"
@@ -105,7 +105,7 @@ def _start_load(stream: OpenStream, metrics_port: int) -> None:
     for rid in SHORT:
         stream.send(req(rid, "The capital of France is", SHORT_TOKENS, ignore_eos=True))
     while True:  # SIGTERM comes while the short requests are generating
-        ev = stream.next_event(timeout=60)
+        ev = stream.next_event(timeout=600)
         assert ev.WhichOneof("event") == "delta", ev
         if ev.request_id in SHORT:
             return

@@ -67,7 +67,7 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Com
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env={**os.environ, **(env or {})},
         check=False,
     )
@@ -148,10 +148,10 @@ def test_no_exit_on_engine_failure_keeps_the_failed_server_up_until_stopped(capl
         running = asyncio.run_coroutine_threadsafe(run_until_stopped(srv.server, stop, srv.config), srv.loop)
         srv.engine.scheduler.add = boom  # type: ignore[method-assign]
         with grpc.insecure_channel(srv.target) as ch:
-            out = run_stream(ch, [req("a", "Hi", 4)], timeout=120)
+            out = run_stream(ch, [req("a", "Hi", 4)], timeout=600)
         assert out["a"].error is not None and out["a"].error.status == "UNAVAILABLE"
-        assert wait_for(lambda: srv.server.failed.is_set(), timeout=60)
-        assert wait_for(lambda: "staying up NOT_SERVING" in caplog.text, timeout=60), caplog.text
+        assert wait_for(lambda: srv.server.failed.is_set(), timeout=600)
+        assert wait_for(lambda: "staying up NOT_SERVING" in caplog.text, timeout=600), caplog.text
         # up: it answers, NOT_SERVING, and has not returned an exit code
         assert _health(srv.target) == health_pb2.HealthCheckResponse.NOT_SERVING
         assert not running.done()
