@@ -4,9 +4,9 @@ Every answer must be a documented status (never INTERNAL or UNKNOWN), every
 request id exactly one terminal event, every stream must end, and the server
 must answer health after each batch and end idle with a clean KV pool.
 
-NOTE: the examples are derandomized (the same 2,000+ messages every CI run, so
-CI cannot flake on a new random find); set FUZZ_EXPLORE=1 to search afresh
-locally, and add what it finds to ``REGRESSIONS``.
+NOTE: the examples are derandomized (the same 800 messages every CI run, 2,000 with
+``FUZZ_BATCHES=40``), so CI cannot flake on a new random find; set FUZZ_EXPLORE=1 to
+search afresh locally, and add what it finds to ``REGRESSIONS``.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ DOCUMENTED = {
     "DEADLINE_EXCEEDED",
     "FAILED_PRECONDITION",
 }
-BATCHES = 40
+# NOTE: 16 batches (800 messages) in `make test`; FUZZ_BATCHES=40 sends the 2,000 of the longer run.
+BATCHES = int(os.environ.get("FUZZ_BATCHES", "16"))
 GENERATE_PER_BATCH = 40
-JSON_PER_BATCH = 10  # 40 x (40 + 10) = 2,000 messages; half the GenerateJSON ones should give a document
+JSON_PER_BATCH = 10  # 16 x (40 + 10) = 800 messages; half the GenerateJSON ones should give a document
 EXPLORE = os.environ.get("FUZZ_EXPLORE") == "1"
 FUZZ = settings(
     max_examples=BATCHES,
@@ -317,8 +318,11 @@ def test_fuzzed_requests_get_documented_statuses_and_one_terminal_event_each(fuz
     run()
     # The run must have exercised the engine, not only the validation: documents were produced and
     # validated, several choices and cache policies reached it.
-    assert seen["done"] >= 300 and seen["delta"] >= 300 and seen["INVALID_ARGUMENT"] >= 300, seen
-    assert seen["json:document"] >= 50 and seen["json:logprobs"] >= 20 and seen["choices>1"] >= 50, seen
+    least = BATCHES * GENERATE_PER_BATCH * 3 // 16  # 120 of the 640 Generate messages of 16 batches
+    assert seen["done"] >= least and seen["delta"] >= least and seen["INVALID_ARGUMENT"] >= least, seen
+    json_least = BATCHES * JSON_PER_BATCH // 8  # 20 of the 160 GenerateJSON messages
+    assert seen["json:document"] >= json_least and seen["json:logprobs"] >= json_least * 2 // 5, seen
+    assert seen["choices>1"] >= json_least, seen
     assert seen["json:NOT_FOUND"] >= 1, seen  # ONLY_IF_CACHED misses
     print("fuzz outcomes:", dict(seen))  # shown with -s
 
