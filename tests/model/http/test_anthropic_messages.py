@@ -5,10 +5,7 @@ error event mid-stream); raw HTTP: the event framing and order, malformed bodies
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import socket
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ import httpx2
 import pytest
 
 from tests.model.http.conftest import MODEL
+from tests.support.http_streams import leave_mid_stream_and_see_it_cancelled, tenants_json
 from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
 
 pytestmark = pytest.mark.model
@@ -258,32 +256,16 @@ def test_huge_body_and_wrong_method_are_anthropic_errors(http: httpx2.Client, ap
 
 
 def test_client_leaving_mid_stream_cancels_its_request(api_server: RunningServer) -> None:
-    engine = api_server.engine
-    cancelled = sum(t.cancelled for t in engine.metrics.tiers.values())
-    payload = json.dumps({"model": MODEL, "max_tokens": 2000, "stream": True, "ignore_eos": True,
-                          "messages": [{"role": "user", "content": "Tell a long story."}]}).encode()
-    with socket.create_connection(("127.0.0.1", api_server.server.http_port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
-        seen = b""
-        while b"content_block_delta" not in seen:  # generating: a first token was sent
-            seen += sock.recv(65536)
-    deadline = time.monotonic() + 30
-    while sum(t.cancelled for t in engine.metrics.tiers.values()) == cancelled:
-        assert time.monotonic() < deadline, "the request was not cancelled"
-        time.sleep(0.01)
-    assert_kv_clean(api_server)
+    body = {"model": MODEL, "max_tokens": 2000, "stream": True, "ignore_eos": True,
+         "messages": [{"role": "user", "content": "Tell a long story."}]}
+    leave_mid_stream_and_see_it_cancelled(api_server, "/v1/messages", body, b"content_block_delta")
 
 
 # -- a server with tenants: x-api-key, 401, and an error event mid-stream ------------------------------------
-def tenants(*tokens: str) -> str:
-    return json.dumps({"tenants": {"t": {"token_sha256": [hashlib.sha256(t.encode()).hexdigest() for t in tokens]}}})
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
     path = tmp_path_factory.mktemp("anthropic-auth") / "tenants.json"
-    path.write_text(tenants(TOKEN))
+    path.write_text(tenants_json(TOKEN))
     srv = start_server(http_port=free_port(), auth_tokens=str(path))
     yield srv, path
     srv.close()
@@ -312,11 +294,11 @@ def test_revoked_key_ends_a_running_stream_with_one_error_event(secured: tuple[R
                            timeout=120) as r:
             lines = r.iter_lines()
             assert r.status_code == 200 and next(lines) == "event: message_start"
-            path.write_text(tenants())  # the key is revoked while its request runs
+            path.write_text(tenants_json())  # the key is revoked while its request runs
             srv.server.tenancy.reload()
             events = sse_lines(lines)
     finally:
-        path.write_text(tenants(TOKEN))
+        path.write_text(tenants_json(TOKEN))
         srv.server.tenancy.reload()
     names = ["message_start", *(n for n, _ in events)]
     assert names[-1] == "error" and names.count("error") == 1 and "message_stop" not in names

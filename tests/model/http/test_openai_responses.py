@@ -5,11 +5,8 @@ json_schema through the SDK's parse helper, the stateless refusals; raw HTTP: th
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.model.http.conftest import MODEL
+from tests.support.http_streams import leave_mid_stream_and_see_it_cancelled, tenants_json
 from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
 
 pytestmark = pytest.mark.model
@@ -175,32 +173,16 @@ def test_malformed_bodies_are_4xx_openai_errors(http: httpx2.Client, content: by
 
 
 def test_client_leaving_mid_stream_cancels_its_request(api_server: RunningServer) -> None:
-    engine = api_server.engine
-    cancelled = sum(t.cancelled for t in engine.metrics.tiers.values())
-    payload = json.dumps({"model": MODEL, "input": "Tell a long story.", "max_output_tokens": 2000,
-                          "ignore_eos": True, "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", api_server.server.http_port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
-        seen = b""
-        while b"response.output_text.delta" not in seen:  # generating: a first token was sent
-            seen += sock.recv(65536)
-    deadline = time.monotonic() + 30
-    while sum(t.cancelled for t in engine.metrics.tiers.values()) == cancelled:
-        assert time.monotonic() < deadline, "the request was not cancelled"
-        time.sleep(0.01)
-    assert_kv_clean(api_server)
+    body = {"model": MODEL, "input": "Tell a long story.", "max_output_tokens": 2000, "ignore_eos": True,
+         "stream": True}
+    leave_mid_stream_and_see_it_cancelled(api_server, "/v1/responses", body, b"response.output_text.delta")
 
 
 # -- a server with tenants: a failure after the status line is response.failed ---------------------------------
-def tenants(*tokens: str) -> str:
-    return json.dumps({"tenants": {"t": {"token_sha256": [hashlib.sha256(t.encode()).hexdigest() for t in tokens]}}})
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
     path = tmp_path_factory.mktemp("responses-auth") / "tenants.json"
-    path.write_text(tenants(TOKEN))
+    path.write_text(tenants_json(TOKEN))
     srv = start_server(http_port=free_port(), auth_tokens=str(path))
     yield srv, path
     srv.close()
@@ -215,11 +197,11 @@ def test_revoked_token_ends_a_running_stream_with_response_failed(secured: tuple
         with httpx2.stream("POST", url, json=body, headers={"authorization": f"Bearer {TOKEN}"}, timeout=120) as r:
             lines = r.iter_lines()
             assert r.status_code == 200 and next(lines) == "event: response.created"
-            path.write_text(tenants())  # the token is revoked while its request runs
+            path.write_text(tenants_json())  # the token is revoked while its request runs
             srv.server.tenancy.reload()
             events = events_of(itertools.chain(["event: response.created"], lines))
     finally:
-        path.write_text(tenants(TOKEN))
+        path.write_text(tenants_json(TOKEN))
         srv.server.tenancy.reload()
     names = [n for n, _ in events]
     assert [n for n in names if n in TERMINAL] == ["response.failed"] and names[-1] == "response.failed"
