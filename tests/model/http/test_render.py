@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import httpx
+import httpx2
 import openai
 import pytest
 from inference.v1 import inference_pb2 as pb
@@ -36,8 +36,8 @@ CHATS = [
 
 
 @pytest.fixture()
-def http(api_server: RunningServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=f"http://127.0.0.1:{api_server.server.http_port}", timeout=120) as c:
+def http(api_server: RunningServer) -> Iterator[httpx2.Client]:
+    with httpx2.Client(base_url=f"http://127.0.0.1:{api_server.server.http_port}", timeout=120) as c:
         yield c
 
 
@@ -53,7 +53,7 @@ def grpc_messages(chat: list[dict[str, str]]) -> list[pb.ChatMessage]:
 
 @pytest.mark.parametrize("chat", CHATS, ids=["user", "system", "turns"])
 def test_chat_render_ids_equal_tokenize_count_tokens_and_a_real_requests_prompt_tokens(
-    http: httpx.Client, stub: Any, client: openai.OpenAI, chat: list[dict[str, str]]
+    http: httpx2.Client, stub: Any, client: openai.OpenAI, chat: list[dict[str, str]]
 ) -> None:
     r = http.post("/v1/chat/completions/render", json={"model": MODEL, "messages": chat})
     assert r.status_code == 200, r.text
@@ -69,7 +69,7 @@ def test_chat_render_ids_equal_tokenize_count_tokens_and_a_real_requests_prompt_
 
 
 def test_completions_render_is_a_list_of_one_prompt_with_the_ids_of_tokenize_and_of_a_real_request(
-    http: httpx.Client, stub: Any, client: openai.OpenAI
+    http: httpx2.Client, stub: Any, client: openai.OpenAI
 ) -> None:
     prompt = "The planets of the solar system, in order: Mercury,"
     r = http.post("/v1/completions/render", json={"prompt": prompt})  # no model: llm-d sends none
@@ -82,7 +82,7 @@ def test_completions_render_is_a_list_of_one_prompt_with_the_ids_of_tokenize_and
 
 
 def test_completions_render_answers_each_prompt_in_order_and_a_token_id_prompt_as_given(
-    http: httpx.Client, stub: Any
+    http: httpx2.Client, stub: Any
 ) -> None:
     texts = ["Mercury is", "The second planet from the Sun is"]
     r = http.post("/v1/completions/render", json={"model": MODEL, "prompt": texts})
@@ -96,7 +96,7 @@ def test_completions_render_answers_each_prompt_in_order_and_a_token_id_prompt_a
     assert given["token_ids"] == ids and texts[1] in given["prompt"] and texts[0] in given["prompt"]
 
 
-def test_the_render_ids_are_what_a_request_with_tools_prefills(http: httpx.Client, client: openai.OpenAI) -> None:
+def test_the_render_ids_are_what_a_request_with_tools_prefills(http: httpx2.Client, client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": "orbit", "parameters": {"type": "object"}}}]
     chat = [{"role": "user", "content": "How long is a year on Mars?"}]
     r = http.post("/v1/chat/completions/render", json={"messages": chat, "tools": tools})
@@ -106,13 +106,13 @@ def test_the_render_ids_are_what_a_request_with_tools_prefills(http: httpx.Clien
     assert "orbit" in r.json()["prompt"]  # the tool definitions are part of what is prefilled
 
 
-def error_of(r: httpx.Response) -> dict[str, Any]:
+def error_of(r: httpx2.Response) -> dict[str, Any]:
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
     return body["error"]  # type: ignore[no-any-return]
 
 
-def test_another_model_is_404_model_not_found(http: httpx.Client) -> None:
+def test_another_model_is_404_model_not_found(http: httpx2.Client) -> None:
     r = http.post("/v1/chat/completions/render", json={"model": "gpt-9", "messages": CHATS[0]})
     assert r.status_code == 404
     assert error_of(r)["code"] == "model_not_found" and error_of(r)["param"] == "model"
@@ -135,7 +135,7 @@ def test_another_model_is_404_model_not_found(http: httpx.Client) -> None:
     ],
     ids=["no-messages", "temperature", "max-tokens", "unknown-field", "id-outside-vocab", "empty-prompt", "bad-schema"],
 )
-def test_a_bad_body_is_the_generation_routes_400(http: httpx.Client, path: str, body: dict[str, Any], param: str | None) -> None:
+def test_a_bad_body_is_the_generation_routes_400(http: httpx2.Client, path: str, body: dict[str, Any], param: str | None) -> None:
     r = http.post(path, json=body)
     assert r.status_code == 400, r.text
     error = error_of(r)
@@ -144,7 +144,7 @@ def test_a_bad_body_is_the_generation_routes_400(http: httpx.Client, path: str, 
         assert error["param"] == param
 
 
-def test_a_body_that_is_not_json_is_400_another_content_type_415_and_a_get_405(http: httpx.Client) -> None:
+def test_a_body_that_is_not_json_is_400_another_content_type_415_and_a_get_405(http: httpx2.Client) -> None:
     r = http.post("/v1/completions/render", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in error_of(r)["message"]
     r = http.post("/v1/chat/completions/render", content=b'{"messages": []}', headers={"content-type": "text/plain"})

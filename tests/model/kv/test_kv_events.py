@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
-import httpx
+import httpx2
 import pytest
 import zmq
 
@@ -91,7 +91,7 @@ def workload() -> Iterator[Workload]:
     sub = Subscriber(replica.pub, topic=b"kv@", replay=replica.replay)
     renders = []
     try:
-        with httpx.Client(base_url=replica.http, timeout=120) as http:
+        with httpx2.Client(base_url=replica.http, timeout=120) as http:
             for question in QUESTIONS:
                 body = {"model": MODEL, "messages": chat(SYSTEM, question), "max_tokens": 8, "temperature": 0}
                 assert http.post("/v1/chat/completions", json=body).status_code == 200
@@ -138,7 +138,7 @@ def test_messages_carry_the_llm_d_topic_and_the_counters_are_on_metrics(workload
     topics = {topic for topic, _, _ in workload.sub.messages}
     assert topics == {f"kv@{host}:{srv.config.http_port}@{MODEL}".encode()}
     assert [seq for _, seq, _ in workload.sub.messages] == list(range(len(workload.sub.messages)))
-    metrics = httpx.get(f"{workload.replica.http}/metrics", timeout=60).text
+    metrics = httpx2.get(f"{workload.replica.http}/metrics", timeout=60).text
     published = srv.server.kv_events.published
     assert f"inference_kv_events_published_total {float(published)}" in metrics
     assert "inference_kv_events_dropped_total 0.0" in metrics
@@ -148,7 +148,7 @@ def test_a_late_subscriber_catches_up_by_replay_and_agrees_with_the_replica(work
     replica = workload.replica
     late = Subscriber(replica.pub, replay=replica.replay)
     try:
-        with httpx.Client(base_url=replica.http, timeout=120) as http:
+        with httpx2.Client(base_url=replica.http, timeout=120) as http:
             body = {"model": MODEL, "messages": chat(SYSTEM, "Is Saturday delivery possible?"), "max_tokens": 8}
             assert http.post("/v1/chat/completions", json=body).status_code == 200
         agree(late, replica.srv)
