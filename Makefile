@@ -12,7 +12,7 @@ BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
 LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs templates model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic postgres netns clean help
+.PHONY: setup serve test unit lint docs stubs templates model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic postgres netns kubectl clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -27,6 +27,7 @@ help:
 	@echo "make semantic - install the optional semantic response cache (requirements-semantic.txt)"
 	@echo "make postgres - install PostgreSQL 15 for the shared batch store's tests (as root, if missing)"
 	@echo "make netns   - install iproute2 for the replicas-as-hosts tests (as root, if missing)"
+	@echo "make kubectl - install kubectl for the manifest tests and scripts/check_k8s.sh (as root, if missing)"
 
 setup: $(STAMP) stubs model templates
 
@@ -135,6 +136,10 @@ postgres:
 # iproute2 for the replica tests (tests/support/netns.py: one network namespace per server; root).
 netns:
 	bash scripts/ensure_netns.sh
+
+# kubectl for the gateway manifests' tests (tests/unit/deploy: `kubectl kustomize`) and scripts/check_k8s.sh.
+kubectl:
+	bash scripts/ensure_kubectl.sh
 
 clean:
 	rm -rf $(VENV) clients/python/inference build *.egg-info

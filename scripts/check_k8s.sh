@@ -4,8 +4,10 @@
 #  2. kubernetes-validate --strict checks every built-in object against the bundled Kubernetes
 #     schemas (unknown fields fail); it has no CRD schemas, so the custom kinds we use are checked
 #     against hand-written schema subsets with jsonschema instead (SCHEMAS below: KEDA's ScaledObject,
-#     the Inference Extension's InferencePool, the Gateway API's HTTPRoute), and so is the endpoint
-#     picker's EndpointPickerConfig carried in a ConfigMap; any other kind without a schema fails;
+#     the Inference Extension's InferencePool, the Gateway API's HTTPRoute), and so is llm-d's router's
+#     EndpointPickerConfig carried in a ConfigMap (its plugin types and parameters; every pluginRef
+#     and prefixMatchInfoProducerName must name one of its plugins); any other kind without a schema
+#     fails;
 #  3. every server container takes its replica id from the pod name (downward API), and the prod
 #     overlays take the shared batch store's URL from the Secret inference-batch-db (docs/batch.md);
 #  4. hadolint lints the Containerfile.
@@ -18,9 +20,7 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
 "$PY" -m pip install -q -r deploy/requirements-check.txt
-if ! command -v kubectl >/dev/null; then
-    apt-get update -q && apt-get install -y -q kubectl
-fi
+bash scripts/ensure_kubectl.sh
 
 # "kind apiVersion" lines kubernetes-validate may warn about (it has no schema for them)
 CUSTOM_KINDS="kind ScaledObject with api version keda.sh/v1alpha1
@@ -28,7 +28,8 @@ kind InferencePool with api version inference.networking.k8s.io/v1
 kind HTTPRoute with api version gateway.networking.k8s.io/v1"
 
 status=0
-for dir in base overlays/dev overlays/prod overlays/prod-keda overlays/prod-tls overlays/prod-gateway; do
+for dir in base overlays/dev overlays/prod overlays/prod-keda overlays/prod-tls overlays/prod-gateway \
+           overlays/prod-gateway-approx; do
     name=${dir//\//-}
     kubectl kustomize "$KUSTOMIZE_DIR/$dir" > "$OUT/$name.yaml"
     log="$OUT/$name.log"
@@ -59,9 +60,15 @@ for d in docs:
             continue
         config = yaml.safe_load(text)
         jsonschema.validate(config, json.loads(EPP.read_text()))
-        names = {p.get("name", p["type"]) for p in config["plugins"]}
+        types = {p.get("name", p["type"]): p["type"] for p in config["plugins"]}
         refs = {r["pluginRef"] for prof in config["schedulingProfiles"] for r in prof["plugins"]}
-        assert refs <= names, f"{d['metadata']['name']}/{key}: pluginRef without a plugin: {sorted(refs - names)}"
+        for source in (config.get("dataLayer") or {}).get("sources", []):
+            refs |= {source["pluginRef"]} | {e["pluginRef"] for e in source.get("extractors", [])}
+        assert refs <= types.keys(), f"{d['metadata']['name']}/{key}: pluginRef without a plugin: {sorted(refs - types.keys())}"
+        for p in config["plugins"]:
+            producer = (p.get("parameters") or {}).get("prefixMatchInfoProducerName")
+            assert producer is None or types.get(producer, "").endswith("prefix-cache-producer"), \
+                f"{d['metadata']['name']}/{key}: prefixMatchInfoProducerName {producer!r} names no prefix producer"
     server = next((c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "server"), None) \
         if d["kind"] == "Deployment" else None
     if server is not None:  # NOTE: the inference server's pods (not e.g. the gateway's endpoint picker)

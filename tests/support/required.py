@@ -1,6 +1,6 @@
-"""Tools some tests need from the machine (PostgreSQL, iproute2): skipped without them, failed in CI.
+"""Tools some tests need from the machine (PostgreSQL, iproute2, kubectl): skipped without them, failed in CI.
 
-``.ci/run`` installs them (``make postgres``, ``make netns``), so in CI (``CI=true``) a missing tool
+``.ci/run`` installs them (``make postgres``, ``make netns``, ``make kubectl``), so in CI (``CI=true``) a missing tool
 is a broken setup, not a reason to skip: ``missing`` fails the test there.
 """
 
