@@ -313,7 +313,7 @@ class NamedCalls(Syntax):
     def _close_lark(self, markup: Markup) -> str:
         items = []
         for part in SLOT.split(self.name_close):
-            items.append("/[0-9]+/" if part == "index" else ID_CHARS if part == "id" else markup.lark(part))
+            items.append("/[0-9]{1,3}/" if part == "index" else ID_CHARS if part == "id" else markup.lark(part))
         return seq(*items)
 
     def body_rules(self, functions: Sequence[Function], markup: Markup) -> list[str]:

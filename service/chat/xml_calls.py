@@ -6,8 +6,8 @@ other value as JSON (what the templates' ``v | tojson if v is not string else v`
 render). The grammar writes each function's properties in the order of its
 schema (the required ones always, the others optionally), a string as free text
 that cannot contain the value's closing marker and any other value under its
-property's schema. The parser gives the arguments as one JSON object, emitted a
-parameter at a time.
+property's schema (a string's ``enum``, ``const``, ``minLength`` and ``maxLength`` are in its
+grammar too). The parser gives the arguments as one JSON object, emitted a parameter at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +29,27 @@ def is_string(schema: Any) -> bool:
         return False
     kind = schema.get("type")
     return kind == "string" or (kind is None and "enum" in schema and all(isinstance(v, str) for v in schema["enum"]))
+
+
+def _choices(schema: dict[str, Any]) -> str | None:
+    """The values of a string property with ``enum`` or ``const`` as Lark alternatives (None: free text)."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        return None
+    return "(" + " | ".join(literal(v) for v in values) + ")"
+
+
+def _span(schema: dict[str, Any]) -> str:
+    """The repetition of a free string value's characters: ``minLength``/``maxLength`` when given.
+
+    NOTE: ``pattern`` and ``format`` are not in the value's grammar (a bare value is no JSON string for
+    llguidance's JSON compiler to constrain); the arguments are validated against the schema at the end.
+    """
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    low = low if isinstance(low, int) and low >= 0 else 0
+    if isinstance(high, int) and high >= low:
+        return f"{{{low},{high}}}"
+    return f"{{{low},}}" if low else "*"
 
 
 def _properties(f: Function) -> list[tuple[str, Any, bool]]:
@@ -77,15 +98,17 @@ class XmlCalls(Syntax):
                 head = seq(m.lark(self.param_open), literal(key), m.lark(self.key_close))
                 if not is_string(schema):
                     rules.append(f"{name}: {seq(head, json_rule(schema), m.lark(self.param_close))}")
+                elif (choices := _choices(schema)) is not None:
+                    rules.append(f"{name}: {seq(head, choices, m.lark(self.param_close))}")
                 elif close and isinstance(close[0], int):  # a special token ends the value: free text stops there
-                    rules.append(f"{name}: {seq(head, 'VALUE', m.lark(self.param_close))}")
+                    rules.append(f"{name}: {seq(head, f'V_{i}_{j}', m.lark(self.param_close))}")
+                    rules.append(f"V_{i}_{j}: /(?s:.{_span(schema)})/")
                 else:  # NOTE: lazy: the value ends at the first occurrence of its closing text
                     end = close[0] if close and isinstance(close[0], str) else ""
                     rest = self.param_close[len(end):]
                     rules.append(f"{name}: {seq(head, f'v_{i}_{j}', m.lark(rest))}")
-                    rules.append(f"v_{i}_{j}[lazy]: /(?s:.*){regex_text(end)}/")
+                    rules.append(f"v_{i}_{j}[lazy]: /(?s:.{_span(schema)}){regex_text(end)}/")
             rules.append(f"fn_{i}: {seq(literal(f.name), m.lark(self.name_close), *items)}")
-        rules.append("VALUE: /(?s:.*)/")
         return rules
 
     def read_body(self, r: Reader, index: int, functions: Mapping[str, Function]) -> Wait[None]:
