@@ -32,10 +32,11 @@ from typing import Any
 from service.chat.calls import CallSyntaxError, Function, ToolCall
 from service.chat.markup import Markup, literal
 from service.chat.reader import Reader, Stream, Wait
+from service.grammar.schema import loosen
 
 Esc = Callable[[str], str]
 # NOTE: the layout tojson gives (Python's json.dumps defaults): what the models saw for earlier calls.
-X_GUIDANCE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+X_GUIDANCE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False, "coerce_one_of": True}
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
 _CONTROL = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 SLOT = re.compile(r"\{(index|id)\}")
@@ -55,8 +56,13 @@ def regex_text(text: str) -> str:
 
 
 def json_rule(schema: Mapping[str, Any]) -> str:
-    """A ``%json`` item of ``schema`` in the templates' layout (a caller's ``x-guidance`` is replaced)."""
-    return "%json " + json.dumps({**schema, "x-guidance": X_GUIDANCE}, ensure_ascii=False)
+    """A ``%json`` item of ``schema`` in the templates' layout (a caller's ``x-guidance`` is replaced).
+
+    NOTE: loosened (``service.grammar.schema.loosen``: keywords llguidance does not compile that only
+    restrict are left out, ``oneOf`` is taken as ``anyOf``): every call is validated against its function's
+    own schema once it is complete (``service.http.tools.CallReader``).
+    """
+    return "%json " + json.dumps({**loosen(dict(schema)), "x-guidance": X_GUIDANCE}, ensure_ascii=False)
 
 
 def deep(value: Any, esc: Esc) -> Any:

@@ -140,3 +140,16 @@ def test_an_unknown_function_or_arguments_off_the_schema_are_refused(model: tupl
 def test_the_markup_of_a_vocabulary_without_the_markers_is_plain_text() -> None:
     assert Markup().lark("<tool_call>\n") == '"<tool_call>\\n"'
     assert Markup({"[TOOL_CALLS]": 5}).lark("[TOOL_CALLS]x") == '<[5]> "x"'
+
+
+def test_schema_keywords_llguidance_does_not_compile_are_left_to_the_final_validation(tmp_path: Path) -> None:
+    """``oneOf``, ``uniqueItems``, ``not``: the grammar compiles without them (a superset of the schema); the
+    HTTP API validates each call against the function's own schema (tests/unit/http/test_tools.py)."""
+    m = Model(GENERIC, False, tmp_path / "vocab.gguf")
+    fn = Function("f", {"type": "object", "properties": {
+        "a": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        "b": {"type": "array", "uniqueItems": True, "items": {"type": "integer"}}, "c": {"not": {"type": "null"}}},
+        "required": ["a"]})
+    matcher = m.matcher(GENERIC.syntax.grammar([fn], True, True, m.markup))
+    ids = m.ids(GENERIC.syntax.render([ToolCall("f", '{"a": 3, "b": [1, 1]}')]))
+    assert matcher.validate_tokens(ids) == len(ids)  # uniqueItems is not in the grammar

@@ -145,3 +145,14 @@ def test_template_variables_reach_the_request() -> None:
     with pytest.raises(ApiError) as info:
         plan(None, chat_template_kwargs=["x"])
     assert info.value.param == "chat_template_kwargs"
+
+
+def test_a_call_off_a_keyword_the_grammar_left_out_is_caught_by_the_final_validation() -> None:
+    unique = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "b": {"type": "array", "uniqueItems": True, "items": {"type": "integer"}}}}}}
+    p = plan("required", [unique]).output.tools
+    assert p is not None and "uniqueItems" not in p.grammar()
+    read(p, calls(("f", '{"b": [1, 2]}')))
+    with pytest.raises(ApiError) as info:
+        read(p, calls(("f", '{"b": [1, 1]}')))
+    assert info.value.status == 500
