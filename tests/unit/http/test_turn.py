@@ -165,3 +165,16 @@ async def test_whole_answer_equals_what_the_stream_spells() -> None:
     assert response is not None and response["status"] == "completed"
     assert response["output"][0]["status"] == "completed"
     assert await whole(MessageWriter("msg_1", "m"), turn(), feed([delta("Hi")])) is None  # the client left
+
+
+async def test_text_then_two_calls_are_a_text_block_and_two_tool_uses_or_items() -> None:
+    text = "Adding." + GENERIC.syntax.render([ToolCall("add", '{"a": 1}'), ToolCall("add", '{"a": 2}')])
+    events = [delta(text[:20]), delta(text[20:]), done()]
+    message = await whole(MessageWriter("msg_1", "m"), turn(tools=True), feed(events))
+    assert message is not None and [b["type"] for b in message["content"]] == ["text", "tool_use", "tool_use"]
+    assert message["content"][0]["text"] == "Adding." and [b["input"] for b in message["content"][1:]] == [
+        {"a": 1}, {"a": 2}] and message["stop_reason"] == "tool_use"
+    response = await whole(ResponseWriter("resp_1", "m", {}), turn(tools=True), feed(events))
+    assert response is not None and [i["type"] for i in response["output"]] == [
+        "message", "function_call", "function_call"]
+    assert len({i["call_id"] for i in response["output"][1:]}) == 2
