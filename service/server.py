@@ -170,8 +170,12 @@ class InferenceServer:
         bind_model(self.response_cache, config.model, template.source)
         limit = min(engine.kv.capacity_tokens, runner.n_ctx_train)
         json = JsonDefaults(config.json_finish == "close", config.json_repeat_penalty)
-        builder = RequestBuilder(runner.vocab, template, PromptLimits(limit, input_limits(config)), json)
+        builder = RequestBuilder(runner.vocab, template, PromptLimits(limit, input_limits(config)), json,
+                                 grammar.is_special_token)
         _ = builder.tokenizer  # NOTE: reads every token's attributes (~50 ms): at load, not in the first request
+        _ = builder.shown_bytes  # (and the tool-call family's markers)
+        log.info("chat template: tool-call family %s, tools via the %s", template.family.name,
+                 builder.tool_format.tools_path.replace("_", " "))
         engine.start()
         return engine, builder, grammar
 

@@ -46,6 +46,8 @@ class Ask:
     # Caller-supplied prompt token ids (HTTP completions), instead of prompt and messages: sent to the
     # engine as they are (no tokenization, no BOS), each checked against the vocabulary.
     prompt_ids: tuple[int, ...] = ()
+    tools: Sequence[pb.Tool] = ()  # functions the chat template is given (GenerateRequest.tools)
+    template_kwargs: str = ""  # further chat template variables, a JSON object (GenerateRequest.chat_template_kwargs)
 
     @classmethod
     def generate(cls, req: pb.GenerateRequest, deadline: float | None, prompt_ids: tuple[int, ...] = ()) -> Ask:
@@ -53,7 +55,7 @@ class Ask:
         fmt = response_format(req.response_format) if req.HasField("response_format") else None
         return cls(
             req.request_id, req.prompt, req.messages, req.sampling, req.priority, fmt, deadline,
-            cache=_cache_ask(req), prompt_ids=prompt_ids,
+            cache=_cache_ask(req), prompt_ids=prompt_ids, tools=req.tools, template_kwargs=req.chat_template_kwargs,
         )
 
     @classmethod

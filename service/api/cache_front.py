@@ -51,6 +51,18 @@ def _hit_replay(seq: Sequence, hit: Hit) -> Replay:
     return Replay(done, deltas, hit)
 
 
+def semantic_messages(ask: Ask) -> list[tuple[str, str]]:
+    """The messages as the semantic cache compares them: (role, text), an assistant's calls and a result's
+    call id and name in its text; the tools and template variables as turns of their own, first."""
+    out = [("tool", f"{t.name}\x00{t.description}\x00{t.parameters}") for t in ask.tools]
+    if ask.template_kwargs:
+        out.append(("chat_template_kwargs", ask.template_kwargs))
+    for m in ask.messages:
+        extra = [m.tool_call_id, m.name, *(f"{c.id}\x00{c.name}\x00{c.arguments}" for c in m.tool_calls)]
+        out.append((m.role, "\x00".join([m.content, *extra]) if any(extra) else m.content))
+    return out
+
+
 def _error(status: str, message: str) -> Replay:
     return Replay(Error(status, message))
 
@@ -83,7 +95,7 @@ class CacheFront:
                 if only else None
         c = ask.cache
         # NOTE: only the semantic cache reads the messages (the exact key hashes the prompt's tokens).
-        messages = [(m.role, m.content) for m in ask.messages] if c.semantic else []
+        messages = semantic_messages(ask) if c.semantic else []
         try:
             t = self.cache.ticket(seq, c.policy, c.ttl_s, c.semantic, ask.prompt, messages, ask.fmt, ask.json_mode)
         except ValueError as exc:

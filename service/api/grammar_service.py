@@ -34,6 +34,10 @@ class GrammarService:
             self._ll_tokenizer, max_source_bytes=max_source_bytes, compile_timeout_s=timeout_s
         )
 
+    def is_special_token(self, token: int) -> bool:
+        """llguidance treats ``token`` as special: a grammar reaches it only as ``<[id]>``."""
+        return bool(self._ll_tokenizer.is_special_token(token))
+
     def mask_batch(self, n_vocab: int, max_rows: int) -> Any:
         return self._jg.MaskBatch(self._ll_tokenizer, n_vocab, max_rows)
 

@@ -188,7 +188,13 @@ class ModelApi:
             embedding_length=f["embedding_length"],
             layers=f["layers"],
             metadata=metadata,
+            chat=self._chat(),
         )
+
+    def _chat(self) -> pb.ChatFormat:
+        fmt = self.builder.tool_format
+        return pb.ChatFormat(family=fmt.family.name, tools=fmt.tools_path, renders=fmt.renders(),
+                             parallel_tool_calls=fmt.parallel)
 
     def _limits(self) -> pb.RequestLimits:
         return pb.RequestLimits(

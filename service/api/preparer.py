@@ -82,7 +82,10 @@ class Preparer:
             if prompt and not messages and not ask.raw_prompt and self.builder.template.from_model:
                 prompt, messages = "", [pb.ChatMessage(role="user", content=prompt)]
         priority = self.builder.priority(ask.priority)
-        ids = self._given_ids(ask) if ask.prompt_ids else self.builder.prompt_ids(prompt, messages)
+        if ask.prompt_ids:
+            ids = self._given_ids(ask)
+        else:
+            ids = self.builder.prompt_ids(prompt, messages, ask.tools, ask.template_kwargs)
         json_output = ask.json_mode or (ask.fmt is not None and ask.fmt[0] == "json_schema")
         params = self.builder.sampling(ask.sampling, len(ids), json_mode=ask.json_mode, json_output=json_output)
         if params.stop and json_output:
@@ -114,7 +117,10 @@ class Preparer:
             priority=plan.priority, deadline=ask.deadline, arrival=arrival,
         )
         seq.tenant = tenant
-        seq.text = TextStream(self.builder.vocab.token_bytes, plan.params.stop)
+        # NOTE: with tools the text shows the family's markers (control tokens render as nothing otherwise), so
+        # that the calls can be read from it (service.chat.markup)
+        shown = self.builder.shown_bytes if ask.tools else self.builder.vocab.token_bytes
+        seq.text = TextStream(shown, plan.params.stop)
         if ask.fmt is not None:
             seq.matcher, seq.grammar = await self.grammar.matcher_for(*ask.fmt)
             seq.keys = self.grammar.key_guard(ask.fmt[0])

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.chat_input import chars, conversation
 from service.api.input_limits import InputLimits
+from service.chat.markup import bind
+from service.chat.tool_format import ToolFormat
 from service.model.chat import ChatTemplate, ChatTemplateError
 from service.model.logprobs import MAX_TOP_LOGPROBS
 from service.model.prompt_tokens import PromptTokenizer, Rendered
@@ -58,12 +62,36 @@ class RequestBuilder:
     """Turns prompt/messages/sampling/priority fields into validated engine inputs."""
 
     def __init__(
-        self, vocab: Vocab, template: ChatTemplate, limits: PromptLimits, json: JsonDefaults | None = None
+        self, vocab: Vocab, template: ChatTemplate, limits: PromptLimits, json: JsonDefaults | None = None,
+        is_special: Callable[[int], bool] | None = None,
     ) -> None:
         self.vocab = vocab
         self.template = template
         self.limits = limits
         self.json = json or JsonDefaults()
+        # NOTE: which tokens llguidance treats as special (the grammar service's tokenizer says); without it,
+        # the vocabulary's control tokens
+        self._is_special = is_special or (lambda t: t in self._control_ids)
+
+    @functools.cached_property
+    def _control_ids(self) -> frozenset[int]:
+        return frozenset(s.id for s in self.vocab.special_texts())
+
+    @functools.cached_property
+    def tool_format(self) -> ToolFormat:
+        """The model's tool-call family, its markers placed in this vocabulary (``service.chat.tool_format``)."""
+        family = self.template.family
+        markup = bind(family.syntax.markers(), lambda text: self.vocab.tokenize(text, False, True),
+                      self._is_special, lambda t: self.vocab.piece(t, special=True).decode("utf-8", "replace"))
+        return ToolFormat(family, markup, self.template.caps)
+
+    @functools.cached_property
+    def shown_bytes(self) -> list[bytes]:
+        """Each token's bytes as a request with tools sees them: the family's markers as their text."""
+        out = list(self.vocab.token_bytes)
+        for token, text in self.tool_format.markup.shown().items():
+            out[token] = text
+        return out
 
     def priority(self, value: int) -> Priority:
         if value not in PRIORITIES:
@@ -75,7 +103,8 @@ class RequestBuilder:
         """Caller text as text, the template's markers as control tokens (``service.model.prompt_tokens``)."""
         return PromptTokenizer(self.vocab, self.template)
 
-    def prompt_ids(self, prompt: str, messages: list[pb.ChatMessage]) -> list[int]:
+    def prompt_ids(self, prompt: str, messages: list[pb.ChatMessage], tools: Sequence[pb.Tool] = (),
+                   kwargs: str = "") -> list[int]:
         """Token ids of the raw prompt or the rendered chat; exactly one must be given.
 
         Sizes are checked before the work that grows with them: the number of
@@ -85,13 +114,14 @@ class RequestBuilder:
         tokenized. Caller text never becomes control tokens (docs/security.md).
         """
         self._count(messages)
-        self._fits(len(prompt) + sum(len(m.content) for m in messages))
+        self._fits(len(prompt) + chars(messages, tools, kwargs))
         if messages:
-            rendered = self._render(prompt, messages)
+            rendered = self._render(prompt, messages, tools, kwargs)
             self._fits(len(rendered.text))
             self._fits_parts(rendered)
             ids = self.tokenizer.ids(rendered.parts, add_special=not self.tokenizer.starts_with_bos(rendered))
         else:
+            _chat_only(tools, kwargs)
             ids = self.tokenizer.text_ids(self._raw(prompt), add_special=True, parse_special=False)
         if not ids:
             raise BadRequest("prompt is empty after tokenization")
@@ -136,12 +166,14 @@ class RequestBuilder:
                 f"is {self.limits.max_context} tokens (prompt plus generated tokens)"
             )
 
-    def _render(self, prompt: str, messages: list[pb.ChatMessage], field: str = "prompt") -> Rendered:
+    def _render(self, prompt: str, messages: list[pb.ChatMessage], tools: Sequence[pb.Tool] = (), kwargs: str = "",
+                field: str = "prompt") -> Rendered:
         """The chat rendered by the template (caller text escaped); set either ``field`` or messages."""
         if prompt:
             raise BadRequest(f"set either {field} or messages, not both")
+        conv = conversation(messages, tools, kwargs, self.limits.inputs)
         try:
-            return self.tokenizer.render([(m.role, m.content) for m in messages])
+            return self.tokenizer.render(conv)
         except ChatTemplateError as exc:
             raise BadRequest(str(exc)) from exc
 
@@ -158,6 +190,8 @@ class RequestBuilder:
         add_special: bool | None = None,
         parse_special: bool | None = None,
         field: str = "prompt",
+        tools: Sequence[pb.Tool] = (),
+        kwargs: str = "",
     ) -> tuple[str, list[int]]:
         """The text Generate tokenizes and its token ids, as Generate does unless a flag says otherwise.
 
@@ -168,10 +202,11 @@ class RequestBuilder:
         """
         self._count(messages)
         if not messages:
+            _chat_only(tools, kwargs)
             text = self._raw(prompt, field)
             add = True if add_special is None else add_special
             return text, self.tokenizer.text_ids(text, add, bool(parse_special))
-        rendered = self._render(prompt, messages, field)
+        rendered = self._render(prompt, messages, tools, kwargs, field)
         add = not self.tokenizer.starts_with_bos(rendered) if add_special is None else add_special
         if parse_special is None:
             return rendered.text, self.tokenizer.ids(rendered.parts, add)
@@ -266,6 +301,11 @@ class RequestBuilder:
                 )
             return max_tokens
         return min(DEFAULT_JSON_MAX_TOKENS if json_mode else DEFAULT_MAX_TOKENS, room)
+
+
+def _chat_only(tools: Sequence[pb.Tool], kwargs: str) -> None:
+    if tools or kwargs:
+        raise BadRequest("tools and chat_template_kwargs need messages (a chat), not a raw prompt")
 
 
 def _penalties(sp: pb.SamplingParams) -> dict[str, float]:

@@ -276,6 +276,15 @@ def patterns(schema: dict[str, Any]) -> list[str]:
     return found
 
 
+def loosen(schema: dict[str, Any]) -> dict[str, Any]:
+    """A private copy of ``schema`` without the keywords llguidance does not compile that only ever
+    restrict (``DROPPABLE``) and without ``x-guidance``: a superset, for a grammar whose documents are
+    validated against the original afterwards (a tool call's arguments)."""
+    work = prepare(schema)
+    _drop(work, lambda s, k: k in DROPPABLE)
+    return work
+
+
 def prepare(schema: dict[str, Any]) -> dict[str, Any]:
     """A private copy of ``schema`` for llguidance, without a client ``x-guidance`` key.
 

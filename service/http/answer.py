@@ -6,12 +6,16 @@ Final checks happen when a choice ends with finish_reason ``stop``:
   document is validated again (``GrammarService.validate``, as GenerateJSON
   does); a document cut off by ``max_tokens`` keeps finish_reason ``length``
   and is never validated or presented as a call;
-* tool output becomes ``tool_calls`` (``service.http.tools.tool_calls``) with
-  finish_reason ``tool_calls``.
+* with tools, the output is read in the model's call syntax as it comes
+  (``service.http.tools.CallReader``): the text before the calls is the
+  message's content, the calls are ``tool_calls`` (each validated against its
+  function's schema) with finish_reason ``tool_calls``. A choice cut off by
+  ``max_tokens`` keeps finish_reason ``length`` and its content, never a call.
 
-A streamed tool call is buffered and sent as one chunk once it is complete
-(with ``tool_choice: "auto"`` only while the output could still be a call:
-text that does not start with ``<`` streams as it comes).
+Streamed, content goes out as it is read and each call as OpenAI streams one: a
+first delta with its ``index``, ``id``, ``type`` and ``function.name``, then
+``function.arguments`` in pieces whose concatenation is the final arguments (a
+call cut off by ``max_tokens`` ends unfinished, with finish_reason ``length``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from service.http.errors import ApiError, from_status
 from service.http.render import Choice, Choices, Json
 from service.http.run import Run
 from service.http.runs import Runs
-from service.http.tools import tool_calls
+from service.http.tools import CallReader
 from service.request.errors import BadRequest
 
 
@@ -53,31 +57,50 @@ class Answer:
     choices: Choices
     grammar: Validator
     state: dict[int, dict[str, Any]] = field(default_factory=dict)
+    readers: dict[int, CallReader] = field(default_factory=dict)
 
-    async def finish(self, d: pb.Done) -> Choice:
-        """Record a choice's Done and run its final checks; raises ApiError."""
+    def _reader(self, index: int) -> CallReader | None:
+        """Choice ``index``'s reader of calls (None: no tools)."""
+        plan = self.choices.output.tools
+        if plan is None:
+            return None
+        if index not in self.readers:
+            self.readers[index] = CallReader.of(plan)
+        return self.readers[index]
+
+    def _read(self, d: pb.Delta) -> tuple[Choice, str, list[Json]]:
+        """A delta recorded: (its choice, its new content, its tool-call deltas)."""
+        c = self.choices.add_delta(d)
+        reader = self._reader(d.choice_index)
+        return (c, d.text, []) if reader is None else (c, *reader.feed(d.text))
+
+    async def finish(self, d: pb.Done) -> tuple[Choice, str, list[Json]]:
+        """Record a choice's Done and run its final checks: (the choice, its last content, its last tool-call
+        deltas); raises ApiError."""
         if d.finish_reason == pb.FINISH_REASON_CANCELLED:
             raise cancelled()
         c = self.choices.add_done(d)
         out = self.choices.output
-        if c.finish != "stop":
-            return c
-        if out.schema is not None:
+        reader = self._reader(d.choice_index)
+        text, deltas = reader.close(c.finish == "stop") if reader is not None else ("", [])
+        if reader is not None:
+            c.text = reader.content
+            if c.finish == "stop" and reader.calls:
+                c.tool_calls, c.finish = reader.calls, "tool_calls"
+        if c.finish == "stop" and out.schema is not None:
             try:
                 compiled = await self.grammar.compiled("json_schema", out.schema, record=False)
                 self.grammar.validate(compiled, c.text)
             except BadRequest as exc:
                 raise ApiError(500, str(exc), type="server_error") from None
-        if out.tools is not None and (calls := tool_calls(out.tools, c.text)) is not None:
-            c.tool_calls, c.finish = calls, "tool_calls"
-        return c
+        return c, text, deltas
 
     async def complete(self, run: Run | Runs) -> Json | None:
         """The whole answer (None: the client left first); raises ApiError for a failed request."""
         async for ev in run.events():
             kind = ev.WhichOneof("event")
             if kind == "delta":
-                self.choices.add_delta(ev.delta)
+                self._read(ev.delta)
             elif kind == "done":
                 await self.finish(ev.done)
             else:
@@ -88,8 +111,7 @@ class Answer:
 
     # -- streaming ------------------------------------------------------------------------------
     def _st(self, index: int) -> dict[str, Any]:
-        tools = self.choices.output.tools
-        return self.state.setdefault(index, {"opened": False, "echoed": False, "buffer": tools is not None, "sent": 0})
+        return self.state.setdefault(index, {"opened": False, "echoed": False, "sent": 0})
 
     def _open(self, index: int) -> list[Json]:
         """Chat: the role-only chunk, once per choice, before anything else of it (as OpenAI sends it)."""
@@ -113,29 +135,21 @@ class Answer:
         return [self.choices.chunk(index, text=prefix + text, entries=entries, offset=offset, echoed=bool(prefix))]
 
     def on_delta(self, d: pb.Delta) -> list[Json]:
-        """Chunks for one delta (only the role chunk while a tool call is being buffered)."""
-        c = self.choices.add_delta(d)
-        out = self._open(d.choice_index)
-        st = self._st(d.choice_index)
-        tools = self.choices.output.tools
-        if st["buffer"]:
-            if tools is not None and tools.mode == "auto" and c.text and not c.text.startswith("<"):
-                st["buffer"] = False  # plain text: it can no longer be a call
-                out += self._text_chunk(d.choice_index, c.text, list(c.logprobs))
-            return out
-        return out + self._text_chunk(d.choice_index, d.text, list(d.logprobs))
+        """Chunks for one delta: its content, then its tool-call deltas."""
+        _c, text, deltas = self._read(d)
+        out = self._open(d.choice_index) + self._text_chunk(d.choice_index, text, list(d.logprobs))
+        if deltas:
+            out.append(self.choices.chunk(d.choice_index, tool_deltas=deltas))
+        return out
 
     async def on_done(self, d: pb.Done) -> list[Json]:
         """The closing chunks of one choice; raises ApiError (sent as an error event)."""
-        c = await self.finish(d)
+        c, text, deltas = await self.finish(d)
         i = d.choice_index
         out = self._open(i)
-        if c.tool_calls:
-            out.append(self.choices.chunk(i, tool_calls=c.tool_calls))
-        elif self._st(i)["buffer"]:  # a call cut off by max_tokens: its text, never a call
-            out += self._text_chunk(i, c.text, list(c.logprobs))
-        else:
-            out += self._text_chunk(i, "", [])  # completions: the echo of a choice that generated nothing
+        out += self._text_chunk(i, text, [])  # completions: also the echo of a choice that generated nothing
+        if deltas:
+            out.append(self.choices.chunk(i, tool_deltas=deltas))
         out.append(self.choices.chunk(i, finish=c.finish, closed=c.closed))
         return out
 

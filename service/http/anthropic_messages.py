@@ -4,15 +4,16 @@
 
 * ``system``: a string or text blocks (joined); ``messages``: ``user`` and
   ``assistant`` turns whose ``content`` is a string or blocks: ``text``,
-  ``tool_use`` (assistant; rendered as the ``<tool_call>`` text the chat
-  route renders), ``tool_result`` (user; as ``<tool_response>`` text),
+  ``tool_use`` (assistant; an earlier call, rendered by the model's chat
+  template), ``tool_result`` (user; a ``tool`` turn answering its call),
   ``thinking`` / ``redacted_thinking`` (dropped: Anthropic drops earlier turns'
   thinking from the context too). Images, documents and every other block are
   a 400 naming the block;
 * ``tools`` (custom tools: ``name``, ``description``, ``input_schema``; server
   tools are a 400 naming their type) and ``tool_choice`` (``auto``, ``any`` =
-  the chat route's ``required``, ``tool`` = a named function, ``none``): the
-  shared tool plan, so every call is generated under its schema;
+  the chat route's ``required``, ``tool`` = a named function, ``none``;
+  ``disable_parallel_tool_use``): the shared tool plan, so every call is
+  generated under its schema;
 * ``max_tokens`` (required), ``stop_sequences``, ``temperature`` (0-1),
   ``top_p``, ``top_k``, ``stream``; ``output_config.format`` (a JSON Schema:
   constrained and validated as ``response_format`` is);
@@ -28,6 +29,7 @@ applied by the route, ``service.http.anthropic_errors``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
@@ -35,10 +37,10 @@ from inference.v1 import inference_pb2 as pb
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
-from service.http.chat_request import Format, chat_request, json_schema, with_tools
+from service.http.chat_request import Format, chat_request, json_schema
 from service.http.errors import bad_param
 from service.http.requests import Output, Parsed
-from service.http.tools import ToolPlan, call_text, check_tool_count, function, plan_functions, result_text
+from service.http.tools import ToolPlan, check_tool_count, function, plan_functions
 
 COUNT = ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config", "cache_control")
 CREATE = (*COUNT, "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "metadata", "stream",
@@ -66,26 +68,34 @@ def _text_blocks(value: Any, where: str) -> str:
     return "".join(out)
 
 
-def _block(block: Any, where: str, role: str) -> tuple[str, str]:
-    """(kind, rendered text) of one content block: kind "text", "call", "result" or "" (dropped)."""
+Block = tuple[str, Any]  # ("text", str) | ("call", pb.ToolCall) | ("result", pb.ChatMessage) | ("", None)
+
+
+def _block(block: Any, where: str, role: str, names: dict[str, str]) -> Block:
+    """(kind, value) of one content block: kind "text", "call", "result" or "" (dropped)."""
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
         return "text", block["text"]
     if kind in ("thinking", "redacted_thinking") and role == "assistant":
-        return "", ""  # NOTE: earlier turns' thinking is not part of the context (as Anthropic does)
+        return "", None  # NOTE: earlier turns' thinking is not part of the context (as Anthropic does)
     if kind == "tool_use" and role == "assistant":
         if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
             raise bad_param(where, f"{where}: a tool_use block needs name and an input object")
-        return "call", call_text(block["name"], block["input"])
+        cid = block.get("id") if isinstance(block.get("id"), str) else ""
+        names[cid] = block["name"]
+        return "call", pb.ToolCall(id=cid, name=block["name"], arguments=json.dumps(block["input"]))
     if kind == "tool_result" and role == "user":
         text = "" if block.get("content") is None else _text_blocks(block["content"], f"{where}.content")
-        return "result", result_text(f"error: {text}" if block.get("is_error") is True else text)
+        cid = block.get("tool_use_id") if isinstance(block.get("tool_use_id"), str) else ""
+        content = f"error: {text}" if block.get("is_error") is True else text
+        return "result", pb.ChatMessage(role="tool", content=content, tool_call_id=cid, name=names.get(cid, ""))
     if kind in ("image", "document"):
         raise bad_param(where, f"{where}: {kind} blocks are not supported by this server (a text-only model)")
     raise bad_param(where, f"{where}: {kind!r} blocks are not supported in {role} messages by this server")
 
 
-def _message(i: int, m: Any) -> pb.ChatMessage | None:
+def _message(i: int, m: Any, names: dict[str, str]) -> list[pb.ChatMessage]:
+    """One message's turns: a user message's results (tool turns) first, then its text."""
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad_param(where, f"{where} must be an object")
@@ -95,14 +105,16 @@ def _message(i: int, m: Any) -> pb.ChatMessage | None:
         raise bad_param(f"{where}.role", f"{where}.role must be user or assistant (system is a top-level field)")
     content = m.get("content")
     if isinstance(content, str):
-        return pb.ChatMessage(role=role, content=content)
+        return [pb.ChatMessage(role=role, content=content)]
     if not isinstance(content, list):
         raise bad_param(f"{where}.content", f"{where}.content must be a string or an array of content blocks")
-    blocks = [_block(b, f"{where}.content[{j}]", role) for j, b in enumerate(content)]
-    texts = "".join(t for kind, t in blocks if kind == "text")
-    parts = [t for kind, t in blocks if kind == "result"] + [texts] + [t for kind, t in blocks if kind == "call"]
-    text = "\n".join(p for p in parts if p)
-    return pb.ChatMessage(role=role, content=text) if text or not blocks else None
+    blocks = [_block(b, f"{where}.content[{j}]", role, names) for j, b in enumerate(content)]
+    text = "".join(v for kind, v in blocks if kind == "text")
+    calls = [v for kind, v in blocks if kind == "call"]
+    out = [v for kind, v in blocks if kind == "result"]
+    if text or calls or not blocks:
+        out.append(pb.ChatMessage(role=role, content=text, tool_calls=calls))
+    return out
 
 
 def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
@@ -111,7 +123,8 @@ def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
         raise bad_param("messages", "'messages' must be a non-empty array")
     if problem := limits.messages(len(raw)):
         raise bad_param("messages", problem)
-    turns = [t for i, m in enumerate(raw) if (t := _message(i, m)) is not None]
+    names: dict[str, str] = {}
+    turns = [t for i, m in enumerate(raw) for t in _message(i, m, names)]
     if (system := body.get("system")) is not None and (text := _text_blocks(system, "system")):
         turns.insert(0, pb.ChatMessage(role="system", content=text))
     return turns
@@ -140,13 +153,12 @@ def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
         raise bad_param("tool_choice.type", "tool_choice.type must be auto, any, tool or none")
     assert kind is not None
     named = (choice.str_("name", required=True) or "") if choice is not None and kind == "tool" else ""
-    if choice is not None:
-        choice.bool_("disable_parallel_tool_use")  # NOTE: one call per answer anyway
+    single = choice.bool_("disable_parallel_tool_use") if choice is not None else None
     if not tools:
         if kind not in ("auto", "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
-    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], CHOICES[kind], named)
+    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], CHOICES[kind], named, single is not True)
 
 
 def _thinking(body: Body, max_tokens: int | None) -> None:
@@ -216,10 +228,10 @@ def parse_messages(raw: JsonObject, model: str, priority_header: str | None, lim
     return Parsed(req, Output(True, model, bool(body.bool_("stream")), schema=schema, tools=plan))
 
 
-def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> list[pb.ChatMessage]:
-    """The turns a ``POST /v1/messages/count_tokens`` body renders (tools included); raises ApiError 400."""
+def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> tuple[list[pb.ChatMessage], list[pb.Tool]]:
+    """The turns and tools a ``POST /v1/messages/count_tokens`` body renders; raises ApiError 400."""
     body, turns, plan = _common(raw, COUNT, limits)
     _thinking(body, None)
     if plan is not None and _format(body) is not None:
         raise bad_param("output_config.format", "output_config.format cannot be combined with tools")
-    return with_tools(turns, plan.system_text) if plan is not None else turns
+    return turns, plan.protos() if plan is not None else []

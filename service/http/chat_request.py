@@ -5,15 +5,17 @@ only. Each dialect's parser reads its body into these neutral pieces, and
 ``chat_request`` makes the ``inference.v1.GenerateRequest`` a gRPC client would
 send, plus the JSON Schema the finished document is validated against:
 
-* ``turns``: system / user / assistant ``ChatMessage``s, earlier tool calls and
-  tool results already rendered as text (``service.http.tools.call_text`` and
-  ``result_text``: the chat template knows only these three roles);
-* a ``ToolPlan`` (``service.http.tools.plan_functions``): its description joins
-  the first system turn (one is added when there is none), its grammar or
-  schema constrains the output;
+* ``turns``: system / user / assistant / tool ``ChatMessage``s, earlier calls in
+  ``tool_calls`` and results with their ``tool_call_id`` (the model's chat
+  template renders them: ``service.chat``);
+* a ``ToolPlan`` (``service.http.tools.plan_functions``): its functions become
+  ``GenerateRequest.tools``; its grammar, in the model family's call syntax, is
+  set once the model's format is known (``service.http.requests.with_format``);
 * a ``Format``: ``json_object`` or a JSON Schema, constrained by the same
   grammar path as ``GenerateJSON`` and validated again at the end. Tools and a
-  format do not mix (a 400 naming the format's parameter).
+  format do not mix (a 400 naming the format's parameter);
+* template variables (``chat_template_kwargs``, ``reasoning_effort``):
+  ``GenerateRequest.chat_template_kwargs``.
 """
 
 from __future__ import annotations
@@ -47,14 +49,9 @@ def json_schema(schema: Any, param: str) -> Format:
     return Format(json.dumps(schema))
 
 
-def with_tools(turns: list[pb.ChatMessage], tools_text: str) -> list[pb.ChatMessage]:
-    """``turns`` with the tools' description at the end of the first system turn (or in a new one first)."""
-    out = list(turns)
-    if out and out[0].role == "system":
-        out[0] = pb.ChatMessage(role="system", content=f"{out[0].content}\n\n{tools_text}")
-    else:
-        out.insert(0, pb.ChatMessage(role="system", content=tools_text))
-    return out
+def template_kwargs(variables: dict[str, Any]) -> str:
+    """``GenerateRequest.chat_template_kwargs`` of the variables a body sets ("" for none)."""
+    return json.dumps(variables, ensure_ascii=False) if variables else ""
 
 
 def chat_request(
@@ -71,17 +68,10 @@ def chat_request(
     """
     if plan is not None and fmt is not None:
         raise bad_param(fmt_param, f"{fmt_param} cannot be combined with tools")
-    if plan is not None:
-        turns = with_tools(turns, plan.system_text)
     req = pb.GenerateRequest(messages=turns, sampling=sampling, priority=priority)
     if plan is not None:
-        kind, source = plan.fmt
-        req.response_format.CopyFrom(pb.ResponseFormat(**{kind: source}))
-        if kind == "json_schema" and req.sampling.json_finish == pb.JSON_FINISH_UNSPECIFIED:
-            # NOTE: a forced call closed early would carry made-up short arguments and still read as a
-            # call to make: cut off by max_tokens it stays text (finish "length") unless the body asks
-            req.sampling.json_finish = pb.JSON_FINISH_CUT_OFF
-        return req, source if kind == "json_schema" else None
+        req.tools.extend(plan.protos())
+        return req, None
     if fmt is not None:
         req.response_format.CopyFrom(pb.ResponseFormat(json_schema=fmt.schema))
         return req, fmt.schema

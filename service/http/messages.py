@@ -3,13 +3,10 @@
 * roles ``system``/``developer`` (a system turn), ``user``, ``assistant``, ``tool``;
 * ``content``: a string, or an array of ``{"type": "text", "text": ...}`` parts
   (joined); other part types (images, audio, files) are a 400 naming the message;
-* an assistant message's ``tool_calls`` are rendered as ``<tool_call>{...}</tool_call>``
-  text, a ``tool`` message as a user turn ``<tool_response>...</tool_response>``
-  (the chat template has no tool roles; see ``service.http.tools``);
-* ``name`` is accepted and ignored.
-
-With tools, their description is put in the first system turn by the request
-builder all dialects share (``service.http.chat_request``).
+* an assistant message's ``tool_calls`` become ``ChatMessage.tool_calls`` (the
+  template renders them in the model's own syntax); a ``tool`` message keeps its
+  ``tool_call_id`` and gets the called function's ``name`` from the call it answers;
+* ``name`` of other roles is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.errors import bad_param
-from service.http.tools import call_text, result_text
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
 
 
@@ -41,7 +37,7 @@ def _text(content: Any, where: str, optional: bool) -> str:
     raise bad_param(f"{where}.content", "content must be a string or an array of text parts")
 
 
-def _tool_call_text(calls: Any, where: str) -> str:
+def _calls(calls: Any, where: str) -> list[pb.ToolCall]:
     if not isinstance(calls, list):
         raise bad_param(f"{where}.tool_calls", "tool_calls must be an array")
     out = []
@@ -49,11 +45,12 @@ def _tool_call_text(calls: Any, where: str) -> str:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
             raise bad_param(f"{where}.tool_calls[{j}]", "a tool call needs function.name and function.arguments")
-        out.append(call_text(fn["name"], fn["arguments"]))
-    return "\n".join(out)
+        cid = call.get("id")
+        out.append(pb.ToolCall(id=cid if isinstance(cid, str) else "", name=fn["name"], arguments=fn["arguments"]))
+    return out
 
 
-def _message(i: int, m: Any) -> pb.ChatMessage:
+def _message(i: int, m: Any, names: dict[str, str]) -> pb.ChatMessage:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad_param(where, f"{where} must be an object")
@@ -62,13 +59,16 @@ def _message(i: int, m: Any) -> pb.ChatMessage:
     role = m.get("role")
     if role not in ROLES:
         raise bad_param(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}")
-    calls = m.get("tool_calls") if role == "assistant" else None
-    text = _text(m.get("content"), where, optional=role == "assistant")
-    if calls:
-        text = "\n".join(t for t in (text, _tool_call_text(calls, where)) if t)
+    out = pb.ChatMessage(role=ROLES[role], content=_text(m.get("content"), where, optional=role == "assistant"))
+    if role == "assistant" and m.get("tool_calls"):
+        out.tool_calls.extend(_calls(m["tool_calls"], where))
+        names.update((c.id, c.name) for c in out.tool_calls if c.id)
     if role == "tool":
-        text = result_text(text)
-    return pb.ChatMessage(role=ROLES[role], content=text)
+        cid = m.get("tool_call_id")
+        out.tool_call_id = cid if isinstance(cid, str) else ""
+        name = m.get("name")
+        out.name = names.get(out.tool_call_id, name if isinstance(name, str) else "")
+    return out
 
 
 def chat_messages(raw: Any, limits: InputLimits = DEFAULTS) -> list[pb.ChatMessage]:
@@ -78,4 +78,5 @@ def chat_messages(raw: Any, limits: InputLimits = DEFAULTS) -> list[pb.ChatMessa
         raise bad_param("messages", "messages must be a non-empty array")
     if problem := limits.messages(len(raw)):
         raise bad_param("messages", problem)
-    return [_message(i, m) for i, m in enumerate(raw)]
+    names: dict[str, str] = {}
+    return [_message(i, m, names) for i, m in enumerate(raw)]

@@ -40,7 +40,7 @@ from service.http.body import parse_json
 from service.http.dialect import check_model
 from service.http.errors import from_status
 from service.http.prompts import Prompt, text_of
-from service.http.requests import Parsed, parse_chat, parse_completion, with_vocab
+from service.http.requests import Parsed, parse_chat, parse_completion, with_format, with_vocab
 from service.request.errors import BadRequest
 
 
@@ -89,7 +89,8 @@ class RenderRoutes:
         builder = self.api.intake.builder
         if ids:
             return text_of(ids, builder.vocab.token_bytes)
-        return builder.render_tokens(request.prompt, list(request.messages))[0]
+        return builder.render_tokens(request.prompt, list(request.messages), tools=request.tools,
+                                     kwargs=request.chat_template_kwargs)[0]
 
     def _parse(self, body: bytes, chat: bool, priority: str | None) -> Parsed:
         """Worker thread: the body as the generation route parses it, ``model`` optional."""
@@ -100,7 +101,7 @@ class RenderRoutes:
         parsed = (parse_chat if chat else parse_completion)(raw, name, priority, limits)
         check_model(raw["model"], name)
         if chat:
-            return parsed
+            return with_format(parsed, self.api.intake.builder.tool_format) if parsed.output.tools else parsed
         vocab = self.api.intake.builder.vocab
         return with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)
 

@@ -150,7 +150,7 @@ class Choices:
         return completion_logprobs([*scored, *entries], 0, first_token(self.echo(prompt_of), scored))
 
     def _message(self, c: Choice) -> Json:
-        message: Json = {"role": "assistant", "content": None if c.tool_calls else c.text, "refusal": None}
+        message: Json = {"role": "assistant", "content": c.text or None if c.tool_calls else c.text, "refusal": None}
         if c.tool_calls:
             message["tool_calls"] = c.tool_calls
         return message
@@ -180,16 +180,17 @@ class Choices:
                             "finish_reason": None})
 
     def chunk(self, index: int, *, text: str = "", entries: list[pb.TokenLogprob] | None = None,
-              finish: str | None = None, tool_calls: list[Json] | None = None, offset: int = 0,
+              finish: str | None = None, tool_deltas: list[Json] | None = None, offset: int = 0,
               closed: bool = False, echoed: bool = False) -> Json:
-        """One stream chunk of choice ``index`` (chat: after its ``role_chunk``; ``echoed``: completions, the
-        chunk that starts with the echoed prompt, whose logprobs then start with the prompt's)."""
+        """One stream chunk of choice ``index`` (chat: after its ``role_chunk``; ``tool_deltas``: OpenAI's
+        ``delta.tool_calls`` entries; ``echoed``: completions, the chunk that starts with the echoed prompt, whose
+        logprobs then start with the prompt's)."""
         scored = echoed and self.output.score
         logprobs = self._logprobs(entries or [], offset, index if scored else None) if entries or scored else None
         if self.output.chat:
             delta: Json = {"content": text} if text else {}
-            if tool_calls:
-                delta["tool_calls"] = [{"index": j, **call} for j, call in enumerate(tool_calls)]
+            if tool_deltas:
+                delta["tool_calls"] = tool_deltas
             row: Json = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             row = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}

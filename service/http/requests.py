@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.api.request_builder import MAX_JSON_REPEAT_PENALTY
+from service.chat.tool_format import ToolFormat
 from service.http import sampling
 from service.http.body import Body, JsonObject
-from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
+from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema, template_kwargs
 from service.http.errors import bad_param
 from service.http.messages import chat_messages
 from service.http.prompts import Prompt, check_choices, check_ids, prompts_of, text_of
@@ -27,13 +29,15 @@ from service.http.tools import ToolPlan, plan_tools
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 JSON_OPTIONS = ("json_finish", "json_repeat_penalty")  # extensions: SamplingParams' fields of the same names
 CHAT = (*sampling.SHARED, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format",
-        "tools", "tool_choice", "modalities", "stop", *JSON_OPTIONS)
+        "tools", "tool_choice", "parallel_tool_calls", "modalities", "stop", "reasoning_effort",
+        "chat_template_kwargs", *JSON_OPTIONS)
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 COMPLETION = (*sampling.SHARED, "prompt", "echo", "logprobs", "best_of", "suffix", *JSON_OPTIONS)
 JSON_FINISH = {"close": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET, "cut-off": pb.JSON_FINISH_CUT_OFF}
 REFUSED = {  # OpenAI parameters with no meaning here: a 400 naming them (docs/openai.md)
     "functions": "use tools", "function_call": "use tool_choice", "audio": "this model has no audio output",
     "prediction": "predicted outputs are not supported", "web_search_options": "no web search here",
-    "reasoning_effort": "this model does not reason", "verbosity": "not supported",
+    "verbosity": "not supported",
 }
 
 
@@ -101,7 +105,7 @@ def _response_format(body: Body) -> Format | None:
 def _json_options(body: Body, sp: pb.SamplingParams, json_output: bool) -> None:
     """The extensions ``json_finish`` ("close" or "cut-off"; unset: the server's --json-finish) and
     ``json_repeat_penalty`` (0 .. 5) into ``sp``; both need JSON output (a json_schema or json_object
-    ``response_format``, or a named or required tool call)."""
+    ``response_format``; tool calls are in the model's own syntax, not a JSON document)."""
     finish = body.str_("json_finish")
     if finish is not None and finish not in JSON_FINISH:
         raise bad_param("json_finish", "json_finish must be 'close' or 'cut-off'")
@@ -110,9 +114,34 @@ def _json_options(body: Body, sp: pb.SamplingParams, json_output: bool) -> None:
         name = "json_finish" if finish == "close" else "json_repeat_penalty"
         raise bad_param(name, f"{name} needs JSON output: a json_schema or json_object response_format")
     if finish is not None:
-        sp.json_finish = JSON_FINISH[finish]  # NOTE: unset, a forced tool call stays cut off (chat_request)
+        sp.json_finish = JSON_FINISH[finish]
     if penalty is not None:
         sp.json_repeat_penalty = penalty
+
+
+def with_format(parsed: Parsed, fmt: ToolFormat) -> Parsed:
+    """A request with tools, its output generated under the grammar of the model's call syntax (``fmt``)."""
+    plan = parsed.output.tools
+    if plan is None:
+        return parsed
+    plan = replace(plan, fmt=fmt)
+    parsed.request.response_format.CopyFrom(pb.ResponseFormat(lark_grammar=plan.grammar()))
+    return replace(parsed, output=replace(parsed.output, tools=plan))
+
+
+def chat_variables(body: Body) -> dict[str, Any]:
+    """The template variables of ``chat_template_kwargs`` (an object; llama-server's and vLLM's extension) and
+    ``reasoning_effort`` (given to the template as its variable of that name)."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise bad_param("chat_template_kwargs", "chat_template_kwargs must be an object of template variables")
+    out = dict(kwargs or {})
+    effort = body.str_("reasoning_effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise bad_param("reasoning_effort", f"reasoning_effort must be one of {', '.join(EFFORTS)}")
+        out["reasoning_effort"] = effort
+    return out
 
 
 def _chat_logprobs(body: Body) -> int | None:
@@ -131,14 +160,16 @@ def parse_chat(raw: JsonObject, model: str, priority_header: str | None, limits:
     body.str_("model", required=True)
     if (mods := body.get("modalities")) is not None and mods != ["text"]:
         raise bad_param("modalities", "only the text modality is supported")
-    plan = plan_tools(body.list_("tools"), body.get("tool_choice"), limits)
+    parallel = body.bool_("parallel_tool_calls")
+    plan = plan_tools(body.list_("tools"), body.get("tool_choice"), limits, parallel is not False)
     fmt = _response_format(body)
     messages = chat_messages(body.get("messages"), limits)
     top = _chat_logprobs(body)
     sp = sampling.sampling_params(body, sampling.max_tokens(body, None), limits)
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
-    _json_options(body, sp, fmt is not None or (plan is not None and plan.fmt[0] == "json_schema"))
+    _json_options(body, sp, fmt is not None)
     req, schema = chat_request(messages, sp, sampling.priority(body, priority_header), plan, fmt)
+    req.chat_template_kwargs = template_kwargs(chat_variables(body))
     s = sampling.streaming(body)
     return Parsed(req, Output(True, model, s.stream, s.include_usage, top, schema, plan))
 

@@ -5,8 +5,8 @@
 * ``input``: a string (one user turn) or input items: messages (roles
   ``system``, ``developer``, ``user``, ``assistant``; content a string or
   ``input_text`` / ``output_text`` / ``refusal`` parts), ``function_call`` (the
-  assistant's earlier call, rendered as the chat route renders ``tool_calls``)
-  and ``function_call_output`` (a ``<tool_response>`` user turn); ``reasoning``
+  assistant's earlier call, a ``tool_calls`` entry of its turn, as the chat
+  route takes it) and ``function_call_output`` (a ``tool`` turn); ``reasoning``
   items are dropped (this server returns none). Images, files and audio, item
   references and hosted tools' items are a 400 naming the item. Fields of an
   item the server does not need (``id``, ``status``, annotations) are ignored,
@@ -19,8 +19,10 @@
 * stateless: nothing is stored. ``store`` unset or false is served (the SDKs
   send it only when it is set); ``store: true``, ``previous_response_id``,
   ``conversation``, ``background: true`` and stored ``prompt``s are a 400;
+* ``parallel_tool_calls`` (default true: several calls in one answer where the
+  model's family writes several);
 * accepted and ignored: ``reasoning`` (no reasoning is separated yet),
-  ``parallel_tool_calls`` and ``max_tool_calls`` (one call per answer),
+  ``max_tool_calls``,
   ``metadata`` and ``user`` (echoed), ``safety_identifier``, ``prompt_cache_key``,
   ``prompt_cache_retention`` (prefix caching is automatic), ``truncation``
   (nothing is truncated: an input over the context is a 400), ``include``
@@ -41,15 +43,16 @@ from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_sc
 from service.http.errors import bad_param
 from service.http.render import Json
 from service.http.requests import Output, Parsed
-from service.http.tools import ToolPlan, call_text, check_tool_count, function, plan_functions, result_text
+from service.http.tools import ToolPlan, check_tool_count, function, plan_functions
 
-IGNORED = ("reasoning", "parallel_tool_calls", "max_tool_calls", "metadata", "user", "safety_identifier",
+IGNORED = ("reasoning", "max_tool_calls", "metadata", "user", "safety_identifier",
            "prompt_cache_key", "prompt_cache_retention", "truncation", "include", "top_logprobs", "stream_options")
 REFUSED = {"previous_response_id": "this server is stateless: send the whole conversation as input",
            "conversation": "this server is stateless: send the whole conversation as input",
            "prompt": "stored prompts are not supported", "context_management": "not supported"}
-KNOWN = ("model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "temperature",
-         "top_p", "store", "stream", "service_tier", "background", "ignore_eos", *IGNORED, *REFUSED)
+KNOWN = ("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+         "max_output_tokens", "temperature", "top_p", "store", "stream", "service_tier", "background", "ignore_eos",
+         *IGNORED, *REFUSED)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 
@@ -77,8 +80,12 @@ def _content(content: Any, where: str) -> str:
     return "".join(out)
 
 
-def _item(i: int, item: Any) -> pb.ChatMessage | None:
-    """One input item as a turn (None: dropped)."""
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _item(i: int, item: Any, names: dict[str, str]) -> pb.ChatMessage | None:
+    """One input item as a turn (None: dropped); an assistant's ``function_call`` is a turn of one call."""
     where = f"input[{i}]"
     if not isinstance(item, dict):
         raise bad_param(where, f"{where} must be an object")
@@ -90,11 +97,15 @@ def _item(i: int, item: Any) -> pb.ChatMessage | None:
     if kind == "function_call":
         if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
             raise bad_param(where, f"{where}: a function_call needs name and arguments (strings)")
-        return pb.ChatMessage(role="assistant", content=call_text(item["name"], item["arguments"]))
+        cid = _str(item.get("call_id"))
+        names[cid] = item["name"]
+        call = pb.ToolCall(id=cid, name=item["name"], arguments=item["arguments"])
+        return pb.ChatMessage(role="assistant", tool_calls=[call])
     if kind == "function_call_output":
         output = item.get("output")
         text = output if isinstance(output, str) else _content(output, where + ".output")
-        return pb.ChatMessage(role="user", content=result_text(text))
+        cid = _str(item.get("call_id"))
+        return pb.ChatMessage(role="tool", content=text, tool_call_id=cid, name=names.get(cid, ""))
     if kind == "reasoning":
         return None  # NOTE: this server never returns reasoning items; another model's are not its context
     if kind == "item_reference":
@@ -114,13 +125,15 @@ def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
     turns: list[pb.ChatMessage] = []
     if instructions := body.str_("instructions"):
         turns.append(pb.ChatMessage(role="system", content=instructions))
+    names: dict[str, str] = {}
     for i, item in enumerate(raw):
-        turn = _item(i, item)
+        turn = _item(i, item, names)
         if turn is None:
             continue
         if turn.role == "assistant" and turns and turns[-1].role == "assistant":
-            turns[-1] = pb.ChatMessage(role="assistant", content="\n".join(
-                t for t in (turns[-1].content, turn.content) if t))
+            last = turns[-1]
+            text = "\n".join(t for t in (last.content, turn.content) if t)
+            turns[-1] = pb.ChatMessage(role="assistant", content=text, tool_calls=[*last.tool_calls, *turn.tool_calls])
         else:
             turns.append(turn)
     return turns
@@ -152,11 +165,12 @@ def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
     tools = body.list_("tools") or []
     check_tool_count(len(tools), limits)
     mode, named = _choice(body.get("tool_choice"))
+    parallel = body.bool_("parallel_tool_calls")
     if not tools:
         if mode not in ("auto", "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
-    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], mode, named)
+    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], mode, named, parallel is not False)
 
 
 def _format(body: Body) -> Format | None:
@@ -195,7 +209,6 @@ def _ignored(body: Body, stream: bool) -> None:
     reasoning = body.obj("reasoning", ("effort", "summary", "generate_summary"))
     if reasoning is not None:
         reasoning.str_("effort"), reasoning.str_("summary"), reasoning.str_("generate_summary")
-    body.bool_("parallel_tool_calls")
     body.int_("max_tool_calls", 1, 1 << 30)
     if (metadata := body.get("metadata")) is not None and not isinstance(metadata, dict):
         raise bad_param("metadata", "'metadata' must be an object of strings")

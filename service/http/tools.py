@@ -1,64 +1,76 @@
-"""Function calling: ``tools`` and ``tool_choice`` become a prompt section and an output grammar.
+"""Function calling: ``tools``, ``tool_choice`` and ``parallel_tool_calls`` -> the model's own call syntax.
 
-Every tool call this server returns was generated under its function's
-parameter schema, so its arguments parse and validate:
+The model's chat template renders the tools, earlier calls and their results
+(``GenerateRequest.tools``, ``ChatMessage.tool_calls``: ``service.chat``); the
+answer is generated under a grammar of the model family's call syntax with each
+function's ``parameters`` schema (``ToolFormat.grammar``), so every call returned
+parses and validates:
 
-* a named function (``tool_choice: {"type": "function", "function": {"name": ...}}``):
-  the output is the arguments object, constrained by ``parameters`` as a JSON Schema
-  (the same path and final validation as ``response_format``);
-* ``"required"``: the output is ``{"name": ..., "arguments": {...}}`` under an ``anyOf``
-  of one such object per tool;
-* ``"auto"`` (the default with tools): a Lark grammar lets the model write either
-  free text that does not start with ``<``, or ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
-  with the JSON under the same ``anyOf`` (llguidance's ``%json``); a call is then
-  validated against its function's schema with ``jsonschema`` before it is returned
-  (a failure is a 500, never an invalid call);
-* ``"none"``: tools are left out of the prompt, the answer is text.
+* ``"auto"`` (the default with tools): free text until the family's trigger (e.g.
+  ``<tool_call>``, ``[TOOL_CALLS]``), then calls only;
+* ``"required"``: calls from the first token; a named function
+  (``{"type": "function", "function": {"name": ...}}``): one call of that function;
+* ``"none"``: the tools are left out of the prompt, the answer is text;
+* ``parallel_tool_calls`` (default true): several calls in one answer where the
+  family writes several (false: exactly one).
 
-One call per answer (``parallel_tool_calls`` is accepted and ignored). The
-model's chat template only knows system/user/assistant turns, so the tools are
-described in the system turn, earlier calls are rendered as
-``<tool_call>...</tool_call>`` assistant text and tool results as
-``<tool_response>...</tool_response>`` user turns.
+The answer is read as it is generated (``CallReader``): text before the calls is
+the message's content, each call gets an id (``call_<hex>``) and its arguments
+exactly as the model wrote them, validated against the function's schema with
+``jsonschema`` at the end (a failure is a 500, never an invalid call).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
+from service.chat.calls import Args, Begin, CallSyntaxError, Content, Function, Piece
+from service.chat.reader import Stream
+from service.chat.tool_format import ToolFormat
 from service.http.errors import ApiError, bad_param
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
+Json = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How a request's tools shape its prompt and output."""
+    """How a request's tools shape its output; ``fmt``: the model's tool-call format (set by ``with_format``)."""
 
     mode: str  # "named" | "required" | "auto"
-    schemas: dict[str, dict[str, Any]]  # parameters per function name
-    fmt: tuple[str, str]  # ResponseFormat field ("json_schema" / "lark_grammar") and its source
-    system_text: str
+    functions: tuple[Function, ...]
     named: str = ""  # the function of mode "named"
+    parallel: bool = True
+    fmt: ToolFormat | None = None
 
+    @property
+    def allowed(self) -> tuple[Function, ...]:
+        """The functions the answer may call."""
+        return tuple(f for f in self.functions if f.name == self.named) if self.mode == "named" else self.functions
 
-@dataclass(frozen=True)
-class Function:
-    """One function tool, whatever the dialect that described it."""
+    @property
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        return {f.name: f.parameters for f in self.functions}
 
-    name: str
-    parameters: dict[str, Any]
-    description: str = ""
+    def grammar(self) -> str:
+        """The Lark grammar of the answer in the model's syntax (a named function: one call of it)."""
+        assert self.fmt is not None
+        return self.fmt.grammar(self.allowed, self.mode != "auto", self.parallel and self.mode != "named")
+
+    def protos(self) -> list[pb.Tool]:
+        """The tools as the chat template is given them."""
+        return [pb.Tool(name=f.name, description=f.description, parameters=json.dumps(f.parameters))
+                for f in self.functions]
 
 
 def function(name: Any, params: Any, desc: Any, where_name: str, where_params: str) -> Function:
@@ -84,15 +96,6 @@ def _function(i: int, tool: Any) -> Function:
                     f"{where}.function.parameters")
 
 
-def _call_schema(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    options = [
-        {"type": "object", "properties": {"name": {"const": n}, "arguments": p},
-         "required": ["name", "arguments"], "additionalProperties": False}
-        for n, p in schemas.items()
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
-
-
 def _choice(choice: Any) -> tuple[str, str]:
     """(mode, named function) of a Chat Completions ``tool_choice``."""
     if choice is None or choice == "auto":
@@ -104,18 +107,17 @@ def _choice(choice: Any) -> tuple[str, str]:
     raise bad_param("tool_choice", "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', ...}")
 
 
-def plan_tools(tools: list[Any] | None, choice: Any, limits: InputLimits = DEFAULTS) -> ToolPlan | None:
-    """The plan of a Chat Completions request's ``tools``/``tool_choice``; None when no tool is offered.
-
-    More than ``limits.max_tools`` tools are refused before any schema is checked.
-    """
+def plan_tools(tools: list[Any] | None, choice: Any, limits: InputLimits = DEFAULTS,
+               parallel: bool = True) -> ToolPlan | None:
+    """The plan of a Chat Completions request's ``tools``/``tool_choice``/``parallel_tool_calls``; None when no
+    tool is offered. More than ``limits.max_tools`` tools are refused before any schema is checked."""
     if not tools:
         if choice not in (None, "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
     check_tool_count(len(tools), limits)
     mode, named = _choice(choice)
-    return plan_functions([_function(i, t) for i, t in enumerate(tools)], mode, named)
+    return plan_functions([_function(i, t) for i, t in enumerate(tools)], mode, named, parallel)
 
 
 def check_tool_count(n: int, limits: InputLimits) -> None:
@@ -124,67 +126,81 @@ def check_tool_count(n: int, limits: InputLimits) -> None:
         raise bad_param("tools", problem)
 
 
-def plan_functions(fns: list[Function], mode: str, named: str = "") -> ToolPlan | None:
+def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bool = True) -> ToolPlan | None:
     """The plan of checked functions under ``mode`` ("auto", "required", "named" with ``named``, "none"):
     every dialect's tools end here. None for "none" (the tools are left out of the prompt)."""
-    schemas = {f.name: f.parameters for f in fns}
-    if len(schemas) != len(fns):
+    if len({f.name for f in fns}) != len(fns):
         raise bad_param("tools", "function names must be unique")
-    if mode == "named" and named not in schemas:
+    if mode == "named" and named not in {f.name for f in fns}:
         raise bad_param("tool_choice", f"tool_choice names {named!r}, which is not one of the tools")
     if mode == "none":
         return None
-    listing = "\n".join(json.dumps({"name": f.name, "description": f.description, "parameters": f.parameters})
-                        for f in fns)
-    call = json.dumps(_call_schema(schemas))
-    if mode == "named":
-        fmt = ("json_schema", json.dumps(schemas[named]))
-        last = f"Call the function {named} now: answer with its arguments as one JSON object."
-    elif mode == "required":
-        fmt, last = ("json_schema", call), 'Answer with one call: {"name": ..., "arguments": {...}}.'
-    else:
-        grammar = f'start: TEXT | "{CALL_OPEN}" call "{CALL_CLOSE}"\ncall: %json {call}\nTEXT: /[^<][\\s\\S]*/\n'
-        fmt = ("lark_grammar", grammar)
-        last = f'To call a function, answer only {CALL_OPEN}{{"name": ..., "arguments": {{...}}}}{CALL_CLOSE}.'
-    text = f"You can call these functions (JSON Schema of the arguments of each):\n<tools>\n{listing}\n</tools>\n{last}"
-    return ToolPlan(mode, schemas, fmt, text, named)
+    return ToolPlan(mode, tuple(fns), named, parallel)
 
 
-def call_text(name: str, arguments: Any) -> str:
-    """An earlier call as the assistant text the model would have written (``arguments``: JSON text or a value)."""
-    if isinstance(arguments, str):
-        # NOTE: else kept as the string it was (history is not re-validated); so is JSON nested past what
-        # json can decode or encode again (a RecursionError, issue #35: the client's text is no reason to fail)
-        with contextlib.suppress(ValueError, RecursionError):
-            return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': json.loads(arguments)})}{CALL_CLOSE}"
-    return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def result_text(text: str) -> str:
-    """A tool's result as the user-turn text the model reads."""
-    return f"<tool_response>\n{text}\n</tool_response>"
+def invalid(detail: str) -> ApiError:
+    return ApiError(500, f"generated tool call failed validation: {detail[:200]}", type="server_error")
 
 
-def _call(name: str, arguments: Any) -> dict[str, Any]:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, separators=(",", ":"))
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+@dataclass
+class CallReader:
+    """One choice's answer read as it is generated: its content and its calls (ids given here), as OpenAI's
+    stream deltas (``feed``) and as the final message (``content``, ``calls``)."""
 
+    plan: ToolPlan
+    stream: Stream
+    content: str = ""
+    calls: list[Json] = field(default_factory=list)
 
-def tool_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]] | None:
-    """The OpenAI ``tool_calls`` of a complete (finish_reason stop) output; None: it is plain text.
+    @classmethod
+    def of(cls, plan: ToolPlan) -> CallReader:
+        assert plan.fmt is not None
+        return cls(plan, plan.fmt.stream(plan.allowed))
 
-    Raises ApiError 500 if a call does not validate (the grammar should have made that impossible).
-    """
-    if plan.mode == "named":
-        return [_call(plan.named, text)]
-    if plan.mode == "auto":
-        if not text.startswith(CALL_OPEN):
-            return None
-        text = text.removeprefix(CALL_OPEN).removesuffix(CALL_CLOSE)
-    try:
-        call = json.loads(text)
-        params = plan.schemas[call["name"]]
-        jsonschema.validate(call["arguments"], params, cls=jsonschema.Draft202012Validator)
-    except (ValueError, KeyError, TypeError, jsonschema.ValidationError) as exc:
-        raise ApiError(500, f"generated tool call failed validation: {str(exc)[:200]}", type="server_error") from None
-    return [_call(call["name"], call["arguments"])]
+    def feed(self, text: str) -> tuple[str, list[Json]]:
+        """(new content, tool-call deltas) of the next text; raises ApiError 500 for text off the syntax."""
+        try:
+            return self._pieces(self.stream.feed(text))
+        except CallSyntaxError as exc:
+            raise invalid(str(exc)) from None
+
+    def close(self, complete: bool) -> tuple[str, list[Json]]:
+        """The last content and deltas; ``complete`` (finish "stop"): every call is checked against its
+        schema (ApiError 500). A cut-off answer keeps what was read."""
+        try:
+            out = self._pieces(self.stream.close())
+        except CallSyntaxError as exc:
+            if complete:
+                raise invalid(str(exc)) from None
+            return "", []
+        if complete:
+            self._validate()
+        return out
+
+    def _pieces(self, pieces: Sequence[Piece]) -> tuple[str, list[Json]]:
+        text, deltas = "", []
+        for p in pieces:
+            if isinstance(p, Content):
+                text += p.text
+            elif isinstance(p, Begin):
+                self.calls.append({"id": call_id(), "type": "function", "function": {"name": p.name, "arguments": ""}})
+                deltas.append({"index": p.index, **json.loads(json.dumps(self.calls[-1]))})
+            elif isinstance(p, Args):
+                self.calls[p.index]["function"]["arguments"] += p.text
+                deltas.append({"index": p.index, "function": {"arguments": p.text}})
+        self.content += text
+        return text, deltas
+
+    def _validate(self) -> None:
+        schemas = self.plan.schemas
+        for call in self.calls:
+            fn = call["function"]
+            try:
+                jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]],
+                                    cls=jsonschema.Draft202012Validator)
+            except (ValueError, KeyError, jsonschema.ValidationError) as exc:
+                raise invalid(str(exc)) from None

@@ -98,6 +98,7 @@ class Turn:
     def __init__(self, answer: Answer, stops: Sequence[str] = (), token_bytes: Sequence[bytes] | None = None) -> None:
         self.answer, self.stops, self.token_bytes = answer, stops, token_bytes
         self.token_ids: list[int] = []  # every generated token, stop strings included
+        self.calls: dict[int, dict[str, str]] = {}  # the calls' deltas gathered, by index
 
     async def pieces(self, events: AsyncIterator[pb.GenerateResponse]) -> AsyncIterator[Piece]:
         """Text and calls as released, then ``End``; raises ApiError for a failed request."""
@@ -115,11 +116,20 @@ class Turn:
                     yield piece
 
     def _split(self, chunk: Json) -> list[Piece]:
+        """The pieces of one chat chunk: its text; its calls' deltas are gathered, and each call is one
+        ``Call`` (whole, validated) when the turn ends with them."""
         row = chunk["choices"][0]
         delta = row.get("delta") or {}
         out: list[Piece] = [Text(delta["content"])] if delta.get("content") else []
-        out += [Call(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in delta.get("tool_calls") or []]
+        for d in delta.get("tool_calls") or []:
+            call = self.calls.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
+            call["id"] = d.get("id", call["id"])
+            fn = d.get("function") or {}
+            call["name"] = fn.get("name", call["name"])
+            call["arguments"] += fn.get("arguments", "")
         if (finish := row.get("finish_reason")) is not None:
+            if finish == "tool_calls":
+                out += [Call(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items())]
             out.append(self._end(finish))
         return out
 

@@ -1,20 +1,21 @@
 """Prompt text -> token ids, where caller text is never control tokens and cost is linear.
 
 The rule (docs/security.md, "Caller text is never control tokens"): in a chat,
-only the template's own text becomes control tokens; message contents, and
-everything the HTTP API folds into them (tool descriptions and results, earlier
-tool calls), are tokenized as text, whatever they contain. A raw prompt is text
-too; ``parse_special=True`` (Tokenize and CountTokens only) asks for every
-control token's text to be parsed.
+only the template's own text (and the server's, written for what the template
+does not render: ``service.chat``) becomes control tokens; every string a caller
+wrote (message contents, tools' names, descriptions and schemas, earlier calls'
+names and arguments, call ids, template variables) is tokenized as text, whatever
+it contains. A raw prompt is text too; ``parse_special=True`` (Tokenize and
+CountTokens only) asks for every control token's text to be parsed.
 
-How: the contents are escaped (``ControlTokens.escape``) before the template
-renders them, the render is split at the control tokens left unmarked (the
-template's), and each run of text between them is tokenized by llama.cpp
+How: every caller string is escaped (``ControlTokens.escape``) before the
+template renders it, the render is split at the control tokens left unmarked
+(the template's), and each run of text between them is tokenized by llama.cpp
 without special parsing. llama.cpp splits a prompt at the same places before it
 tokenizes the pieces, so a conversation whose contents hold no control-token
 text gets exactly the token ids of llama.cpp's whole-prompt tokenization.
 
-NOTE: escaping changes only contents that hold a control token's text (or a mark
+NOTE: escaping changes only strings that hold a control token's text (or a mark
 character). For those, the render is checked against a second one with other
 mark characters: a template that treats the marks as anything but opaque
 characters (dropping or encoding them) would make the two differ, and the
@@ -26,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.model.chat import ChatTemplate, ChatTemplateError
+from service.model.chat import Chat, ChatTemplate, ChatTemplateError, conversation
 from service.model.control_tokens import ControlTokens, Part, free_chars
 from service.model.runner import SpecialText, Vocab
 
@@ -63,22 +64,28 @@ class PromptTokenizer:
         """The control tokens by text."""
         return self.controls.by_text
 
-    def render(self, messages: Sequence[tuple[str, str]]) -> Rendered:
-        """The chat rendered with its contents escaped, split at the template's control tokens.
+    def render(self, chat: Chat) -> Rendered:
+        """The chat rendered with every caller string escaped, split at the template's control tokens.
 
         Raises ChatTemplateError (bad role, the template refused) and when the template
-        transforms escaped content in a way that keeps it from being told apart.
+        transforms escaped text in a way that keeps it from being told apart.
         """
-        escaped = [(role, self.controls.escape(content)) for role, content in messages]
-        raw = self.template.render(escaped)
+        changed = False
+
+        def esc(text: str) -> str:
+            nonlocal changed
+            out = self.controls.escape(text)
+            changed = changed or out != text
+            return out
+
+        conv = conversation(chat)
+        raw = self.template.render(conv, esc)
         parts = self.controls.split(raw)
-        if any(e != c for (_, e), (_, c) in zip(escaped, messages, strict=True)):
-            other = self._check.split(self.template.render([(r, self._check.escape(c)) for r, c in messages]))
-            if other != parts:
-                raise ChatTemplateError(
-                    "the chat template transforms message text that contains control-token text in a way "
-                    "that cannot be tokenized as text; remove the control-token text from the messages"
-                )
+        if changed and self._check.split(self.template.render(conv, self._check.escape)) != parts:
+            raise ChatTemplateError(
+                "the chat template transforms message text that contains control-token text in a way "
+                "that cannot be tokenized as text; remove the control-token text from the messages"
+            )
         return Rendered(self.controls.reveal(raw), parts)
 
     def starts_with_bos(self, rendered: Rendered) -> bool:

@@ -11,13 +11,12 @@ import ctypes
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import llama_cpp as L
 import numpy as np
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from service.kv.blocks import KVOp
 
@@ -204,16 +203,6 @@ class Vocab:
                 found.append((name, token, self.piece(token, special=True)))
         named = {t for _, t, _ in found}
         return found + [("eog", t, self.piece(t, special=True)) for t in sorted(self.eog_ids - named)]
-
-
-def chat_formatter(template: str, bos_token: str, eos_token: str) -> Callable[[list[dict[str, Any]]], str]:
-    """llama-cpp-python's Jinja2 chat formatter for ``template`` as ``render(messages) -> prompt``.
-
-    Raises what jinja2 raises for a template that does not compile; rendering
-    raises ValueError when the template calls ``raise_exception``.
-    """
-    fmt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
-    return lambda messages: fmt(messages=messages).prompt  # type: ignore[arg-type]
 
 
 # NOTE: ggml's CPU flash attention switches to a tiled kernel once a batch has

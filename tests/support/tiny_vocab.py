@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]  # "<s>": the BOS of add_bos=True
 CHAT_TEMPLATE = (
@@ -101,11 +102,30 @@ def _learn_merges(corpus: list[str], n: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build(path: Path, add_bos: bool = False, family: Family | None = None) -> Path:
+def _weights(writer: Any, vocab: int, seed: int) -> None:
+    """A llama model of the header's shape (64 wide, one layer), its matrices N(0, 0.02) from numpy's
+    generator seeded per tensor, its norms ones: output that is random but the same on every run."""
+    import numpy as np
+
+    shapes = [("token_embd.weight", (vocab, 64)), ("blk.0.attn_norm.weight", (64,)),
+              ("blk.0.attn_q.weight", (64, 64)), ("blk.0.attn_k.weight", (64, 64)), ("blk.0.attn_v.weight", (64, 64)),
+              ("blk.0.attn_output.weight", (64, 64)), ("blk.0.ffn_norm.weight", (64,)),
+              ("blk.0.ffn_gate.weight", (128, 64)), ("blk.0.ffn_up.weight", (128, 64)),
+              ("blk.0.ffn_down.weight", (64, 128)), ("output_norm.weight", (64,)), ("output.weight", (vocab, 64))]
+    for i, (name, dims) in enumerate(shapes):
+        if len(dims) == 1:
+            data = np.ones(dims, dtype=np.float32)
+        else:
+            data = np.random.default_rng([seed, i]).standard_normal(dims, dtype=np.float32) * np.float32(0.02)
+        writer.add_tensor(name, data)
+
+
+def build(path: Path, add_bos: bool = False, family: Family | None = None, weights: int | None = None) -> Path:
     """Write the tiny vocabulary to ``path`` (a GGUF file llama.cpp loads with ``vocab_only``).
 
     ``family``: another model family's control and user-defined tokens, name and chat template
-    instead of SmolLM2's (the byte tokens and merges stay the same).
+    instead of SmolLM2's (the byte tokens and merges stay the same). ``weights``: a seed, to write a
+    whole model a server can run (random weights, ``_weights``; a context of 16,384 tokens).
     """
     import gguf
 
@@ -122,7 +142,7 @@ def build(path: Path, add_bos: bool = False, family: Family | None = None) -> Pa
     types += [gguf.TokenType.NORMAL] * (len(tokens) - len(types))
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(family.name if family else "tiny-vocab")
-    writer.add_context_length(2048)
+    writer.add_context_length(2048 if weights is None else 16384)  # NOTE: a model's long chat prompts fit
     writer.add_embedding_length(64)
     writer.add_block_count(1)
     writer.add_feed_forward_length(128)
@@ -146,6 +166,9 @@ def build(path: Path, add_bos: bool = False, family: Family | None = None) -> Pa
     writer.add_add_bos_token(add_bos)
     writer.add_add_space_prefix(False)
     writer.add_chat_template(family.template if family else CHAT_TEMPLATE)
+    if weights is not None:
+        writer.add_rope_dimension_count(64)
+        _weights(writer, len(tokens), weights)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

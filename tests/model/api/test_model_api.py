@@ -235,3 +235,52 @@ def test_any_tokenize_request_is_answered_or_invalid_and_text_round_trips(
     assert count.count == len(tok.token_ids)
     if text and not parse:
         assert stub.Detokenize(pb.DetokenizeRequest(token_ids=tok.token_ids), timeout=30).text == text
+
+
+def test_model_info_says_how_the_server_speaks_the_models_chat_language(stub: Any) -> None:
+    """SmolLM2's template renders a system turn and nothing of tools: the generic family, described by the server."""
+    chat = stub.GetModelInfo(pb.GetModelInfoRequest()).chat
+    assert (chat.family, chat.tools, list(chat.renders), chat.parallel_tool_calls) == (
+        "generic", "system_turn", ["system"], True)
+
+
+ADD = pb.Tool(name="add", description="Add two integers",
+              parameters='{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}')
+ROUND_TRIP = [pb.ChatMessage(role="user", content="3 plus 4?"),
+              pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="c1", name="add", arguments='{"a":3,"b":4}')]),
+              pb.ChatMessage(role="tool", content="7", tool_call_id="c1", name="add")]
+
+
+def test_generate_renders_tools_calls_and_results_given_as_fields(channel: grpc.Channel) -> None:
+    plain = req("plain", max_tokens=1, messages=[ROUND_TRIP[0]])
+    tools = req("tools", max_tokens=1, messages=[ROUND_TRIP[0]])
+    tools.tools.append(ADD)
+    history = req("history", max_tokens=1, messages=ROUND_TRIP)
+    history.tools.append(ADD)
+    out = run_stream(channel, [plain, tools, history])
+    counts = {rid: r.done.usage.prompt_tokens for rid, r in out.items() if r.done is not None}
+    assert counts["plain"] < counts["tools"] < counts["history"], out  # the tools, then the call and its result
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"tools": [pb.Tool(name="add", parameters="{not json")]}, "tools[0].parameters"),
+    ({"tools": [pb.Tool(name="a b")]}, "tools[0].name"),
+    ({"tools": [ADD, ADD]}, "unique"),
+    ({"chat_template_kwargs": '{"messages": []}'}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": "[1]"}, "chat_template_kwargs"),
+    ({"messages": [pb.ChatMessage(role="user", content="x", tool_calls=[pb.ToolCall(name="add")])]}, "tool_calls"),
+    ({"prompt": "raw", "messages": []}, "need messages"),
+])
+def test_bad_chat_fields_are_invalid_argument_naming_them(channel: grpc.Channel, change: dict[str, Any],
+                                                          needle: str) -> None:
+    r = req("bad", max_tokens=1, messages=[ROUND_TRIP[0]])
+    for name, value in change.items():
+        r.ClearField(name)
+        if isinstance(value, list):
+            getattr(r, name).extend(value)
+        else:
+            setattr(r, name, value)
+    if "prompt" in change:
+        r.tools.append(ADD)
+    err = run_stream(channel, [r])["bad"].error
+    assert err is not None and err.status == "INVALID_ARGUMENT" and needle in err.message, err

@@ -79,7 +79,8 @@ async def recorded(api_server: RunningServer) -> AsyncIterator[tuple[RunConfig, 
 def agent() -> Agent[Any]:
     return Agent(name="calculator", model=MODEL, tools=[add, multiply],
                  instructions="You are a calculator. Use a tool, then answer with the number.",
-                 model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64),
+                 model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=64,
+                                              parallel_tool_calls=False),
                  tool_use_behavior=second_tool_use_ends_the_run)
 
 

@@ -123,8 +123,8 @@ def test_stream_helper_tool_use_is_one_valid_block(claude: anthropic.Anthropic) 
 
 def test_tool_result_round_trip_answers_text(claude: anthropic.Anthropic) -> None:
     ask = [{"role": "user", "content": "Weather in Oslo?"}]
-    first = claude.messages.create(model=MODEL, max_tokens=48, messages=ask, tools=[WEATHER],
-                                   tool_choice={"type": "any"}, extra_body=GREEDY)
+    first = claude.messages.create(model=MODEL, max_tokens=64, messages=ask, tools=[WEATHER],
+                                   tool_choice={"type": "any", "disable_parallel_tool_use": True}, extra_body=GREEDY)
     call = first.content[0]
     assert first.stop_reason == "tool_use" and call.type == "tool_use"
     history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
@@ -207,8 +207,9 @@ def test_stream_framing_is_anthropics_event_sequence(http: httpx2.Client) -> Non
 
 
 def test_stream_framing_of_a_tool_use_block(http: httpx2.Client) -> None:
-    body = {"model": MODEL, "max_tokens": 48, "stream": True, "temperature": 0, "tools": [WEATHER],
-            "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "Weather in Oslo?"}]}
+    body = {"model": MODEL, "max_tokens": 64, "stream": True, "temperature": 0, "tools": [WEATHER],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}]}
     with http.stream("POST", "/v1/messages", json=body) as r:
         events = sse(r.read().decode())
     names = [n for n, _ in events]

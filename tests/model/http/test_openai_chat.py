@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
+import httpx2
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -96,32 +98,97 @@ def test_cut_off_json_is_finish_length_and_never_parsed(client: openai.OpenAI) -
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_call_arguments_validate(client: openai.OpenAI, choice: object) -> None:
-    r = client.chat.completions.create(model=MODEL, tools=[WEATHER], tool_choice=choice, max_tokens=48, temperature=0,
+    r = client.chat.completions.create(model=MODEL, tools=[WEATHER], tool_choice=choice, max_tokens=64, temperature=0,
+                                       parallel_tool_calls=False,
                                        messages=[{"role": "user", "content": "Weather in Oslo?"}])
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and msg.content is None and msg.tool_calls
+    assert len(msg.tool_calls) == 1
     call = msg.tool_calls[0]
     args = json.loads(call.function.arguments)
     assert call.function.name == "get_weather" and set(args) == {"city", "unit"} and args["unit"] in ("C", "F")
 
 
-def test_streamed_tool_call_arrives_whole(client: openai.OpenAI) -> None:
-    chunks = list(client.chat.completions.create(
-        model=MODEL, tools=[WEATHER], tool_choice="required", max_tokens=48, temperature=0, stream=True,
-        messages=[{"role": "user", "content": "Weather in Oslo?"}]))
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and json.loads(calls[0].function.arguments)["city"]
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+def accumulate(chunks: list[Any]) -> dict[int, dict[str, str]]:
+    """Streamed tool calls gathered as OpenAI's SDK helpers and agent frameworks gather them: the first delta of
+    an index brings id and name, later ones pieces of the arguments."""
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            if tc.id:
+                assert not call["id"] and tc.type == "function" and tc.function.name  # the first delta only
+                call["id"], call["name"] = tc.id, tc.function.name
+            call["arguments"] += tc.function.arguments or ""
+    return calls
+
+
+def test_streamed_tool_calls_accumulate_to_the_unstreamed_calls(client: openai.OpenAI) -> None:
+    kw = {"model": MODEL, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 160, "temperature": 0,
+          "messages": [{"role": "user", "content": "Weather in Oslo and in Rome?"}]}
+    whole = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(**kw, stream=True))  # type: ignore[call-overload]
+    calls = accumulate(chunks)
+    want = whole.choices[0].message.tool_calls or []
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (t.function.name, t.function.arguments) for t in want]
+    assert len(calls) >= 1 and all(set(json.loads(c["arguments"])) == {"city", "unit"} for c in calls.values())
+    pieces = sum(1 for c in chunks if c.choices and c.choices[0].delta.tool_calls)
+    assert pieces > len(calls)  # the arguments arrive in pieces, not whole
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "tool_calls"
+
+
+def test_parallel_tool_calls_several_in_one_answer_each_valid(client: openai.OpenAI) -> None:
+    """Under the grammar every call of the answer is one of the tools with valid arguments; with
+    ``parallel_tool_calls`` false there is exactly one."""
+    time = {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}
+    ask = [{"role": "user", "content": "Weather and time in Oslo?"}]
+    many = client.chat.completions.create(model=MODEL, tools=[WEATHER, time], tool_choice="required", max_tokens=200,
+                                          temperature=0, messages=ask)
+    one = client.chat.completions.create(model=MODEL, tools=[WEATHER, time], tool_choice="required", max_tokens=200,
+                                         temperature=0, messages=ask, parallel_tool_calls=False)
+    assert many.choices[0].finish_reason == "tool_calls" and len(many.choices[0].message.tool_calls or []) >= 2
+    assert one.choices[0].finish_reason == "tool_calls" and len(one.choices[0].message.tool_calls or []) == 1
+    for call in [*(many.choices[0].message.tool_calls or []), *(one.choices[0].message.tool_calls or [])]:
+        args = json.loads(call.function.arguments)
+        assert call.function.name in ("get_weather", "get_time") and "city" in args
+    ids = [c.id for c in many.choices[0].message.tool_calls or []]
+    assert len(set(ids)) == len(ids) and all(i.startswith("call_") for i in ids)
+
+
+def test_a_tool_round_trip_renders_calls_and_results(client: openai.OpenAI, api_server: RunningServer) -> None:
+    first = client.chat.completions.create(model=MODEL, tools=[WEATHER], tool_choice="required", max_tokens=64,
+                                           temperature=0, parallel_tool_calls=False,
+                                           messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    call = (first.choices[0].message.tool_calls or [])[0]
+    history = [{"role": "user", "content": "Weather in Oslo?"}, first.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "12 C and sunny"}]
+    body = {"model": MODEL, "tools": [WEATHER], "messages": history, "max_tokens": 24, "temperature": 0}
+    with httpx2.Client(base_url=f"http://127.0.0.1:{api_server.server.http_port}", timeout=600) as http:
+        prompt = http.post("/v1/chat/completions/render", json=body).json()["prompt"]
+    # the default model's template renders neither tools nor calls: the server writes them, in its syntax
+    assert '"name": "get_weather"' in prompt and "<tool_response>\n12 C and sunny\n</tool_response>" in prompt
+    assert f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(json.loads(call.function.arguments))}}}' \
+        in prompt
+    second = client.chat.completions.create(**{**body, "tool_choice": "none"})  # type: ignore[arg-type]
+    assert second.choices[0].message.content and second.choices[0].finish_reason in ("stop", "length")
 
 
 def test_auto_tool_choice_answers_text_or_a_valid_call(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model=MODEL, tools=[WEATHER], max_tokens=48, temperature=0,
+    r = client.chat.completions.create(model=MODEL, tools=[WEATHER], max_tokens=96, temperature=0,
                                        messages=[{"role": "user", "content": "Weather in Oslo?"}])
     c = r.choices[0]
     if c.finish_reason == "tool_calls":
         assert set(json.loads(c.message.tool_calls[0].function.arguments)) == {"city", "unit"}
     else:
-        assert c.message.tool_calls is None and not c.message.content.startswith("<")
+        assert c.message.tool_calls is None and "<tool_call>" not in (c.message.content or "")
+
+
+def test_the_model_object_says_how_tools_reach_the_model(client: openai.OpenAI) -> None:
+    fmt = (client.models.retrieve(MODEL).model_extra or {})["chat_format"]
+    assert fmt == {"family": "generic", "tools": "system_turn", "renders": ["system"], "parallel_tool_calls": True}
 
 
 @pytest.mark.parametrize(("kw", "param"), [

@@ -74,7 +74,8 @@ def test_stream_helper_spells_the_final_response(client: openai.OpenAI) -> None:
 
 def test_function_call_round_trip_through_function_call_output(client: openai.OpenAI) -> None:
     ask: list[Any] = [{"role": "user", "content": "What is 3 plus 4?"}]
-    first = client.responses.create(model=MODEL, input=ask, tools=[ADD], tool_choice="required", temperature=0)
+    first = client.responses.create(model=MODEL, input=ask, tools=[ADD], tool_choice="required", temperature=0,
+                                    parallel_tool_calls=False)
     calls = [item for item in first.output if item.type == "function_call"]
     assert first.status == "completed" and len(calls) == 1 and calls[0].name == "add"
     args = json.loads(calls[0].arguments)
@@ -138,7 +139,7 @@ def test_stream_framing_numbers_every_event_and_ends_once(http: httpx2.Client) -
 
 def test_stream_framing_of_a_function_call(http: httpx2.Client) -> None:
     body = {"model": MODEL, "input": "What is 3 plus 4?", "tools": [ADD], "tool_choice": "required",
-            "temperature": 0, "stream": True}
+            "parallel_tool_calls": False, "temperature": 0, "stream": True}
     with http.stream("POST", "/v1/responses", json=body) as r:
         events = events_of(r.iter_lines())
     assert [n for n, _ in events] == [

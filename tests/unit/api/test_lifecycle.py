@@ -181,7 +181,7 @@ class SlowBuilder:
     def priority(self, value: int) -> Priority:
         return Priority.INTERACTIVE
 
-    def prompt_ids(self, prompt: str, messages: list[Any]) -> list[int]:
+    def prompt_ids(self, prompt: str, messages: list[Any], tools: Any = (), kwargs: str = "") -> list[int]:
         self.thread = threading.current_thread()
         self.started.set()
         self.gate.wait(30)

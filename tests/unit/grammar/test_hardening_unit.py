@@ -153,14 +153,24 @@ def test_watchdog_reports_a_stalled_step_and_a_dead_thread() -> None:
 def test_chat_template_uses_the_library_environment() -> None:
     # Loop controls, HF-style tojson (non-ASCII kept) and raise_exception all work.
     source = (
-        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "{% for m in messages %}{% if m['role'] == 'assistant' and m['content'] == 'no' %}"
+        "{{ raise_exception('not that') }}{% endif %}"
         "{% if loop.index > 2 %}{% break %}{% endif %}{{ m | tojson }}\n{% endfor %}"
     )
     tmpl = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
     out = tmpl.render([("user", "héllo"), ("assistant", "b"), ("user", "dropped")])
     assert out == '{"role": "user", "content": "héllo"}\n{"role": "assistant", "content": "b"}\n'
-    with pytest.raises(ChatTemplateError, match="no system role"):
-        tmpl.render([("system", "s")])
+    with pytest.raises(ChatTemplateError, match="not that"):
+        tmpl.render([("user", "s"), ("assistant", "no")])
+
+
+def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user_turn() -> None:
+    """As llama.cpp does for such templates (Gemma's raise on a system turn)."""
+    source = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}"
+              "{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    tmpl = ChatTemplate(source)
+    assert not tmpl.caps.system
+    assert tmpl.render([("system", "Be brief."), ("user", "Hi")]) == "[user] Be brief.\n\nHi\n"
 
 
 def test_broken_chat_templates_fail_at_start_up_with_one_clear_message() -> None:

@@ -16,10 +16,11 @@ from service.http.anthropic_errors import anthropic_response
 from service.http.anthropic_messages import count_turns, parse_messages
 from service.http.config import HttpConfig
 from service.http.errors import ApiError, from_status
-from service.http.requests import Parsed, parse_chat
+from service.http.requests import Parsed, parse_chat, with_format
 from service.http.server import HttpFrontEnd
 from service.observability.telemetry import Telemetry
 from service.security.tenancy import Tenancy
+from tests.support.tool_formats import GENERIC_FORMAT
 
 USER = [{"role": "user", "content": "Weather in Oslo?"}]
 WEATHER = {"name": "get_weather", "description": "weather of a city",
@@ -60,18 +61,29 @@ def test_tool_history_renders_as_the_chat_route_renders_it() -> None:
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
     ours = parse(messages=history).request.messages
     chat = parse_chat({"model": "m", "messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "m", None).request.messages
+        {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}]}, "m", None).request.messages
     assert list(ours) == list(chat)
 
 
-@pytest.mark.parametrize(("choice", "kind"), [
-    (None, "lark_grammar"), ({"type": "auto"}, "lark_grammar"), ({"type": "any"}, "json_schema"),
-    ({"type": "tool", "name": "get_weather"}, "json_schema")])
-def test_tool_choice_maps_onto_the_shared_tool_plan(choice: Any, kind: str) -> None:
+@pytest.mark.parametrize(("choice", "mode"), [
+    (None, "auto"), ({"type": "auto"}, "auto"), ({"type": "any"}, "required"),
+    ({"type": "tool", "name": "get_weather"}, "named")])
+def test_tool_choice_maps_onto_the_shared_tool_plan(choice: Any, mode: str) -> None:
     p = parse(tools=[WEATHER], **({"tool_choice": choice} if choice else {}))
-    assert p.request.response_format.WhichOneof("format") == kind and p.output.tools is not None
-    assert "get_weather" in p.request.messages[0].content and p.request.messages[0].role == "system"
+    assert p.output.tools is not None and p.output.tools.mode == mode
+    assert [t.name for t in p.request.tools] == ["get_weather"] and [m.role for m in p.request.messages] == ["user"]
+    grammar = with_format(p, GENERIC_FORMAT).request.response_format.lark_grammar
+    assert grammar.startswith("start: calls" if mode != "auto" else "start: TEXT | head calls")
+
+
+def test_disable_parallel_tool_use_asks_for_one_call() -> None:
+    one = with_format(parse(tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True}),
+                      GENERIC_FORMAT)
+    many = with_format(parse(tools=[WEATHER], tool_choice={"type": "any"}), GENERIC_FORMAT)
+    assert one.output.tools is not None and not one.output.tools.parallel
+    assert "call)*" in many.request.response_format.lark_grammar
+    assert "call)*" not in one.request.response_format.lark_grammar
 
 
 def test_tool_choice_none_leaves_the_tools_out() -> None:
@@ -119,9 +131,10 @@ def test_bad_fields_are_400_naming_them(kw: dict[str, Any], param: str) -> None:
 
 
 def test_count_tokens_turns_include_the_tools() -> None:
-    plain = count_turns({"model": "m", "messages": USER})
-    tools = count_turns({"model": "m", "messages": USER, "tools": [WEATHER]})
-    assert [m.role for m in plain] == ["user"] and tools[0].role == "system" and "get_weather" in tools[0].content
+    plain, none = count_turns({"model": "m", "messages": USER})
+    turns, tools = count_turns({"model": "m", "messages": USER, "tools": [WEATHER]})
+    assert [m.role for m in plain] == [m.role for m in turns] == ["user"] and none == []
+    assert [t.name for t in tools] == ["get_weather"] and json.loads(tools[0].parameters)["required"] == ["city"]
     with pytest.raises(ApiError) as info:
         count_turns({"model": "m", "messages": USER, "max_tokens": 5})  # not a count_tokens field
     assert info.value.param == "max_tokens"

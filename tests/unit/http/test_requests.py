@@ -97,7 +97,7 @@ def test_image_content_part_is_refused_naming_the_message() -> None:
     assert err.param == "messages[0].content[1]"
 
 
-def test_roles_map_onto_the_templates_three_roles() -> None:
+def test_roles_map_onto_the_templates_four_roles_with_calls_and_results_as_fields() -> None:
     messages = [
         {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
         {"role": "user", "content": "weather?"},
@@ -105,13 +105,12 @@ def test_roles_map_onto_the_templates_three_roles() -> None:
             {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "rain"},
     ]
-    got = [(m.role, m.content) for m in chat(messages=messages).request.messages]
-    assert got == [
-        ("system", "be brief"),
-        ("user", "weather?"),
-        ("assistant", '<tool_call>{"name": "w", "arguments": {"city": "Oslo"}}</tool_call>'),
-        ("user", "<tool_response>\nrain\n</tool_response>"),
-    ]
+    got = chat(messages=messages).request.messages
+    assert [(m.role, m.content) for m in got] == [("system", "be brief"), ("user", "weather?"), ("assistant", ""),
+                                                  ("tool", "rain")]
+    call = got[2].tool_calls[0]
+    assert (call.id, call.name, call.arguments) == ("c1", "w", '{"city":"Oslo"}')
+    assert (got[3].tool_call_id, got[3].name) == ("c1", "w")  # the name of the call it answers
 
 
 def test_priority_comes_from_header_body_or_flex_tier() -> None:

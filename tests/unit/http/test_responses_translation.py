@@ -59,13 +59,12 @@ def test_a_function_call_round_trip_renders_as_the_chat_route_renders_it() -> No
     assert list(ours) == list(chat)
 
 
-@pytest.mark.parametrize(("choice", "kind"), [
-    (None, "lark_grammar"), ("auto", "lark_grammar"), ("required", "json_schema"),
-    ({"type": "function", "name": "add"}, "json_schema")])
-def test_function_tools_and_tool_choice_map_onto_the_shared_tool_plan(choice: Any, kind: str) -> None:
+@pytest.mark.parametrize(("choice", "mode"), [
+    (None, "auto"), ("auto", "auto"), ("required", "required"), ({"type": "function", "name": "add"}, "named")])
+def test_function_tools_and_tool_choice_map_onto_the_shared_tool_plan(choice: Any, mode: str) -> None:
     p = parse(tools=[ADD], **({"tool_choice": choice} if choice else {}), parallel_tool_calls=False)
-    assert p.request.response_format.WhichOneof("format") == kind and p.output.tools is not None
-    assert p.request.messages[0].role == "system" and '"add"' in p.request.messages[0].content
+    assert p.output.tools is not None and (p.output.tools.mode, p.output.tools.parallel) == (mode, False)
+    assert [t.name for t in p.request.tools] == ["add"] and [m.role for m in p.request.messages] == ["user"]
     assert p.echo["parallel_tool_calls"] is False and p.echo["tools"] == [ADD]
 
 

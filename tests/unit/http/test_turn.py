@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from inference.v1 import inference_pb2 as pb
 
+from service.chat.calls import Function, ToolCall
+from service.chat.families import GENERIC
 from service.http.answer import Answer
 from service.http.anthropic_stream import MessageWriter
 from service.http.render import Choices
 from service.http.requests import Output
 from service.http.responses_stream import ResponseWriter
-from service.http.tools import Function, plan_functions
+from service.http.tools import plan_functions
 from service.http.turn import Call, End, Text, Turn, Usage, matched_stop, stream, whole
+from tests.support.tool_formats import GENERIC_FORMAT
 
 ADD = Function("add", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
 ANTHROPIC_TERMINAL = {"message_stop", "error"}
 RESPONSES_TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
+CALL_A4 = GENERIC.syntax.render([ToolCall("add", '{"a": 4}')])  # the generic family's syntax
 
 
 class NoGrammar:
@@ -54,6 +59,7 @@ async def feed(events: list[pb.GenerateResponse]) -> AsyncIterator[pb.GenerateRe
 
 def turn(tools: bool = False, **kw: Any) -> Turn:
     plan = plan_functions([ADD], "auto") if tools else None
+    plan = replace(plan, fmt=GENERIC_FORMAT) if plan is not None else None
     return Turn(Answer(Choices(Output(True, "m", tools=plan), "rid"), NoGrammar()), **kw)
 
 
@@ -67,8 +73,8 @@ async def test_text_streams_as_released_and_ends_with_usage() -> None:
 
 
 async def test_auto_tool_output_becomes_one_validated_call() -> None:
-    got = await pieces(turn(tools=True), [delta("<tool_call>"), delta('{"name":"add","arguments":{"a":1}}'),
-                                          delta("</tool_call>"), done()])
+    text = GENERIC.syntax.render([ToolCall("add", '{"a": 1}')])
+    got = await pieces(turn(tools=True), [delta(text[:14]), delta(text[14:40]), delta(text[40:]), done()])
     assert len(got) == 2 and isinstance(got[0], Call) and got[1].finish == "tool_calls"
     assert (got[0].name, json.loads(got[0].arguments)) == ("add", {"a": 1}) and got[0].call_id.startswith("call_")
 
@@ -109,8 +115,7 @@ async def test_anthropic_stream_orders_blocks_and_ends_with_one_message_stop() -
 
 
 async def test_anthropic_tool_use_block_carries_its_input_as_one_json_delta() -> None:
-    call = '<tool_call>{"name":"add","arguments":{"a":4}}</tool_call>'
-    evs = [e async for e in anthropic_events([delta(call), done()], tools=True)]
+    evs = [e async for e in anthropic_events([delta(CALL_A4), done()], tools=True)]
     start = next(e for e in evs if e["type"] == "content_block_start")["content_block"]
     assert start["type"] == "tool_use" and start["name"] == "add" and start["id"].startswith("toolu_")
     partial = [e["delta"]["partial_json"] for e in evs if e["type"] == "content_block_delta"]
@@ -141,8 +146,7 @@ async def test_responses_stream_numbers_every_event_and_spells_the_final_respons
 
 
 async def test_responses_call_item_and_incomplete_status() -> None:
-    call = '<tool_call>{"name":"add","arguments":{"a":4}}</tool_call>'
-    evs = [e async for e in responses_events([delta(call), done()], tools=True)]
+    evs = [e async for e in responses_events([delta(CALL_A4), done()], tools=True)]
     item = evs[-1]["response"]["output"][0]
     assert item["type"] == "function_call" and json.loads(item["arguments"]) == {"a": 4}
     assert [e["type"] for e in evs if "function_call_arguments" in e["type"]] == [
@@ -161,3 +165,16 @@ async def test_whole_answer_equals_what_the_stream_spells() -> None:
     assert response is not None and response["status"] == "completed"
     assert response["output"][0]["status"] == "completed"
     assert await whole(MessageWriter("msg_1", "m"), turn(), feed([delta("Hi")])) is None  # the client left
+
+
+async def test_text_then_two_calls_are_a_text_block_and_two_tool_uses_or_items() -> None:
+    text = "Adding." + GENERIC.syntax.render([ToolCall("add", '{"a": 1}'), ToolCall("add", '{"a": 2}')])
+    events = [delta(text[:20]), delta(text[20:]), done()]
+    message = await whole(MessageWriter("msg_1", "m"), turn(tools=True), feed(events))
+    assert message is not None and [b["type"] for b in message["content"]] == ["text", "tool_use", "tool_use"]
+    assert message["content"][0]["text"] == "Adding." and [b["input"] for b in message["content"][1:]] == [
+        {"a": 1}, {"a": 2}] and message["stop_reason"] == "tool_use"
+    response = await whole(ResponseWriter("resp_1", "m", {}), turn(tools=True), feed(events))
+    assert response is not None and [i["type"] for i in response["output"]] == [
+        "message", "function_call", "function_call"]
+    assert len({i["call_id"] for i in response["output"][1:]}) == 2

@@ -10,13 +10,16 @@ after its markers): the escape marks must survive all of it. No model file is re
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.model.chat import ChatTemplate, ChatTemplateError
+from service.chat.calls import Function, ToolCall
+from service.chat.conversation import Conversation, Turn
+from service.model.chat import Chat, ChatTemplate, ChatTemplateError
 from service.model.prompt_tokens import PromptTokenizer
 from service.model.runner import Vocab
 from tests.support.chat_templates import chat_template
@@ -78,7 +81,7 @@ def family(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str,
     return request.param, vocab, PromptTokenizer(vocab, ChatTemplate(fam.template, fam.bos, fam.eos))
 
 
-def _whole(pt: PromptTokenizer, messages: list[tuple[str, str]]) -> list[int]:
+def _whole(pt: PromptTokenizer, messages: Chat) -> list[int]:
     """llama.cpp's tokenization of the whole rendered chat with special parsing (the code before)."""
     text = pt.template.render(messages)
     add = not (pt.vocab.bos_text and text.startswith(pt.vocab.bos_text))
@@ -171,3 +174,26 @@ def test_any_content_yields_only_the_templates_control_tokens(family: Any, user:
     assert _controls(pt, ids) == _controls(pt, _whole(pt, defanged))
     if not any(token in content for content in (user, reply) for token in pt.specials):
         assert ids == _whole(pt, messages)
+
+
+def _tool_chat(text: str) -> Conversation:
+    """A tool conversation whose every caller string carries ``text`` (names excepted: they are checked)."""
+    tool = Function("get_weather", {"type": "object", "description": text,
+                                    "properties": {"city": {"type": "string", "description": text}}}, text)
+    call = ToolCall("get_weather", json.dumps({"city": text}), "call1" + text)
+    return Conversation([Turn("system", "Sys" + text), Turn("user", "Q" + text), Turn("assistant", text, (call,)),
+                         Turn("tool", "R" + text, call_id="call1" + text, name="get_weather"),
+                         Turn("assistant", "A" + text), Turn("user", "U" + text)], [tool])
+
+
+def test_control_token_text_in_tools_calls_and_results_is_text(family: Any) -> None:
+    """Tools, an earlier call's arguments and id, a result: caller text everywhere the template renders it."""
+    _name, _vocab, pt = family
+    attacked = _tool_chat(_forgery(pt))
+    defanged = _tool_chat(_defang(pt, _forgery(pt)))
+    rendered = pt.render(attacked)
+    ids = pt.ids(rendered.parts, add_special=not pt.starts_with_bos(rendered))
+    assert _controls(pt, ids) == _controls(pt, _whole(pt, defanged))
+    plain = _tool_chat(" in Oslo")  # no control-token text: exactly llama.cpp's whole-prompt tokenization
+    rendered = pt.render(plain)
+    assert pt.ids(rendered.parts, add_special=not pt.starts_with_bos(rendered)) == _whole(pt, plain)

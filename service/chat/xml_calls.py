@@ -1,0 +1,139 @@
+"""XML-style calls: the function's name, then each argument as a tagged key and value (Qwen3-Coder, GLM, MiniMax).
+
+``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>``
+and its relatives: a value whose property is a string is written as it is, any
+other value as JSON (what the templates' ``v | tojson if v is not string else v``
+render). The grammar writes each function's properties in the order of its
+schema (the required ones always, the others optionally), a string as free text
+that cannot contain the value's closing marker and any other value under its
+property's schema (a string's ``enum``, ``const``, ``minLength`` and ``maxLength`` are in its
+grammar too). The parser gives the arguments as one JSON object, emitted a parameter at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.chat.calls import CallSyntaxError, Function, ToolCall
+from service.chat.markup import Markup, literal
+from service.chat.reader import Reader, Wait
+from service.chat.syntax import Esc, Layout, Syntax, deep, json_rule, regex_text, seq
+
+
+def is_string(schema: Any) -> bool:
+    """A property whose values are strings (written bare)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    return kind == "string" or (kind is None and "enum" in schema and all(isinstance(v, str) for v in schema["enum"]))
+
+
+def _choices(schema: dict[str, Any]) -> str | None:
+    """The values of a string property with ``enum`` or ``const`` as Lark alternatives (None: free text)."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        return None
+    return "(" + " | ".join(literal(v) for v in values) + ")"
+
+
+def _span(schema: dict[str, Any]) -> str:
+    """The repetition of a free string value's characters: ``minLength``/``maxLength`` when given.
+
+    NOTE: ``pattern`` and ``format`` are not in the value's grammar (a bare value is no JSON string for
+    llguidance's JSON compiler to constrain); the arguments are validated against the schema at the end.
+    """
+    low, high = schema.get("minLength"), schema.get("maxLength")
+    low = low if isinstance(low, int) and low >= 0 else 0
+    if isinstance(high, int) and high >= low:
+        return f"{{{low},{high}}}"
+    return f"{{{low},}}" if low else "*"
+
+
+def _properties(f: Function) -> list[tuple[str, Any, bool]]:
+    props = f.parameters.get("properties") if isinstance(f.parameters, dict) else None
+    required = set(f.parameters.get("required") or []) if isinstance(f.parameters, dict) else set()
+    return [(k, v, k in required) for k, v in props.items()] if isinstance(props, dict) else []
+
+
+@dataclass(frozen=True)
+class XmlCalls(Syntax):
+    """``call_open`` NAME ``name_close`` (``param_open`` KEY ``key_close`` VALUE ``param_close``)* ``call_close``."""
+
+    layout: Layout
+    name_close: str = ""
+    param_open: str = ""
+    key_close: str = ""
+    param_close: str = ""
+    parallel: bool = True
+    lead: str = ""
+    kind = "xml"
+
+    def extra_markers(self) -> list[str]:
+        return [self.name_close, self.param_open, self.key_close, self.param_close]
+
+    def body(self, call: ToolCall, index: int, esc: Esc) -> str:
+        try:
+            args = json.loads(call.arguments)
+        except (ValueError, RecursionError):
+            args = None
+        if not isinstance(args, dict):
+            return esc(call.name) + self.name_close + esc(call.arguments)
+        params = [self.param_open + esc(k) + self.key_close
+                  + (esc(v) if isinstance(v, str) else json.dumps(deep(v, esc), ensure_ascii=False)) + self.param_close
+                  for k, v in args.items()]
+        return esc(call.name) + self.name_close + "".join(params)
+
+    def body_rules(self, functions: Sequence[Function], markup: Markup) -> list[str]:
+        m = markup
+        rules = ["body: " + " | ".join(f"fn_{i}" for i in range(len(functions)))]
+        close = m.parts(self.param_close)
+        for i, f in enumerate(functions):
+            items = []
+            for j, (key, schema, required) in enumerate(_properties(f)):
+                name = f"p_{i}_{j}"
+                items.append(name if required else f"{name}?")
+                head = seq(m.lark(self.param_open), literal(key), m.lark(self.key_close))
+                if not is_string(schema):
+                    rules.append(f"{name}: {seq(head, json_rule(schema), m.lark(self.param_close))}")
+                elif (choices := _choices(schema)) is not None:
+                    rules.append(f"{name}: {seq(head, choices, m.lark(self.param_close))}")
+                elif close and isinstance(close[0], int):  # a special token ends the value: free text stops there
+                    rules.append(f"{name}: {seq(head, f'V_{i}_{j}', m.lark(self.param_close))}")
+                    rules.append(f"V_{i}_{j}: /(?s:.{_span(schema)})/")
+                else:  # NOTE: lazy: the value ends at the first occurrence of its closing text
+                    end = close[0] if close and isinstance(close[0], str) else ""
+                    rest = self.param_close[len(end):]
+                    rules.append(f"{name}: {seq(head, f'v_{i}_{j}', m.lark(rest))}")
+                    rules.append(f"v_{i}_{j}[lazy]: /(?s:.{_span(schema)}){regex_text(end)}/")
+            rules.append(f"fn_{i}: {seq(literal(f.name), m.lark(self.name_close), *items)}")
+        return rules
+
+    def read_body(self, r: Reader, index: int, functions: Mapping[str, Function]) -> Wait[None]:
+        stops = (self.name_close,) if self.name_close else (self.param_open, self.layout.call_close)
+        name, stop = yield from r.until(stops)
+        if stop is None or name not in functions:
+            raise CallSyntaxError(f"a call names {name[:64]!r}, which is not one of the tools")
+        if not self.name_close:
+            r.pos -= len(stop)
+        props = {k: s for k, s, _ in _properties(functions[name])}
+        r.begin(index, name)
+        emit, first = r.args(index), True
+        emit("{")
+        while (yield from r.take(self.param_open)):
+            key, stop = yield from r.until((self.key_close,))
+            value, stop2 = yield from r.until((self.param_close,))
+            if stop is None or stop2 is None:
+                raise CallSyntaxError("the output ended inside a parameter")
+            if is_string(props.get(key)):
+                value = json.dumps(value, ensure_ascii=False)
+            else:
+                try:
+                    json.loads(value)
+                except (ValueError, RecursionError):
+                    raise CallSyntaxError(f"parameter {key[:64]!r} is not JSON") from None
+            emit(("" if first else ", ") + json.dumps(key, ensure_ascii=False) + ": " + value)
+            first = False
+        emit("}")
