@@ -2,7 +2,7 @@
 
 The server keeps 4 idle blocks in its KV pool (``--prefix-cache-tokens 64``), so requests sharing a
 system prompt register blocks, evict them and spill their chains to the host tier. A subscriber
-decodes vLLM's format independently (``tests.support.kv_events``) and rebuilds the index; at
+decodes vLLM's format independently (``bench.harness.kv_events``) and rebuilds the index; at
 quiescence it must equal the replica's own (``KVBlockManager.indexed``), and the tokens of its
 chains must be the ids the render endpoint reports. Subscribers that join late or stall change
 nothing the replica answers.
@@ -20,8 +20,8 @@ import httpx2
 import pytest
 import zmq
 
+from bench.harness.kv_events import Removed, Stored, Subscriber
 from tests.support.helpers import MarginRecorder, assert_same_greedy, req, run_stream
-from tests.support.kv_events import Removed, Stored, Subscriber
 from tests.support.server import RunningServer, free_port, start_server, wait_idle
 
 pytestmark = pytest.mark.model

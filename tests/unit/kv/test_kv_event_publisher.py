@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import zmq
 
+from bench.harness.kv_events import Cleared, Removed, Stored, Subscriber, decode
 from service.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEventLog
 from service.kv_events.config import KVEventsConfig
 from service.kv_events.publisher import END_SEQ, KVEventPublisher
-from tests.support.kv_events import Cleared, Removed, Stored, Subscriber, decode
 
 
 @pytest.fixture()

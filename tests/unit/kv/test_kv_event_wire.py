@@ -6,10 +6,10 @@ import struct
 
 import msgpack
 
+from bench.harness.kv_events import Cleared, Removed, Stored, decode
 from service.kv.blocks import block_hash
 from service.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from service.kv_events.wire import encode
-from tests.support.kv_events import Cleared, Removed, Stored, decode
 
 U64 = 1 << 64
 

@@ -1,7 +1,7 @@
 """The prefix index as KV-cache events (no model): what the block manager and its host tier record.
 
 Every batch goes through vLLM's wire format (``service.kv_events.wire``) and an independent
-decoder (``tests.support.kv_events``) into a subscriber's index, which must equal the manager's
+decoder (``bench.harness.kv_events``) into a subscriber's index, which must equal the manager's
 own (``KVBlockManager.indexed``) after every step, under random workloads, evictions, spills, host
 drops and dropped batches (each followed by a resynchronisation).
 """
@@ -12,12 +12,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
+from bench.harness.kv_events import Cleared, Event, Index, Removed, Stored, decode
 from service.kv.blocks import block_hash
 from service.kv.events import EventBatch, KVEventLog
 from service.kv.host_prefixes import HostPrefixes
 from service.kv_events.wire import encode
 from service.paged_kv import KVBlockManager
-from tests.support.kv_events import Cleared, Event, Index, Removed, Stored, decode
 from tests.support.sim import ShadowKV
 from tests.unit.kv.test_host_prefixes import run, seq
 from tests.unit.kv.test_paged_kv import SpillingKVMachine

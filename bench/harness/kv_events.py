@@ -8,6 +8,10 @@ block_size, lora_id?, medium?, lora_name?, ...]``, ``BlockRemoved`` ``[tag, bloc
 
 ``Index`` applies decoded events as a vLLM-style subscriber does: per medium, the set of block hashes
 held. ``Subscriber`` is a real pyzmq SUB socket on a thread that decodes and indexes every message.
+
+Shared by the KV-event tests (tests/model/kv, tests/unit/kv) and the prefix router
+(``bench.harness.prefix_router``: tests/model/scale/test_prefix_routing.py, bench/studies/prefix_routing.py).
+It imports nothing of the server: a wrong reading of the format on either side shows as a disagreement.
 """
 
 from __future__ import annotations
