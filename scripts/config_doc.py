@@ -36,6 +36,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
         "KV cache and batching",
         [
             "ctx",
+            "kv_cache_type",
             "max_running",
             "kv_lanes",
             "block_size",

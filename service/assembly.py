@@ -43,6 +43,7 @@ def load_runner(config: ServerConfig) -> ModelRunner:
         step_tokens=config.step_tokens,
         n_lanes=config.kv_lanes,
         n_threads=config.threads,
+        kv_cache_type=config.kv_cache_type,
     )
 
 
@@ -68,6 +69,8 @@ def build_engine(
     """
     runner = runner if runner is not None else load_runner(config)
     parts = parts if parts is not None else Collaborators(thread_control=adaptive_threads(config, runner))
+    # NOTE: the host tier's budget in tokens, at the cache's own bytes per token (a q8_0 cache's
+    # prefixes take about half of f16's host memory, so the same MiB hold about twice the tokens)
     host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
     events = KVEventLog(kv_events, config.block_size) if kv_events is not None else None
     kv = KVBlockManager(

@@ -26,6 +26,7 @@ class ServerConfig:
     threads: int = default_threads()
     adaptive_threads: bool = True
     ctx: int = 8192
+    kv_cache_type: str = "f16"
     max_running: int = 32
     kv_lanes: int = 64
     block_size: int = 16
@@ -113,6 +114,9 @@ HELP = {
     "adaptive_threads": "measure step times and drop to fewer compute threads while that is faster "
     "(CPU contention from other processes); probes back periodically",
     "ctx": "KV pool size in tokens (shared by all sequences)",
+    "kv_cache_type": "data type of the KV cache's keys and values: f16, q8_0 (34 bytes per 32 values: 0.53x "
+    "f16's memory per token) or q4_0 (18 per 32: 0.28x); quantized values turn llama.cpp's flash attention on "
+    "(a build or model that cannot use it refuses to start); see docs/benchmarks.md",
     "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
     "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 255: llama.cpp's 256 "
     "less the host tier's scratch lane; each costs one vocabulary-sized logits row of memory)",
@@ -233,7 +237,9 @@ HELP = {
     "kv_events_max_queue": "KV-event batches waiting for the publisher thread; past it the engine drops a "
     "batch (counted) and resynchronises subscribers with the whole index",
 }
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 CHOICES = {
+    "kv_cache_type": KV_CACHE_TYPES,
     "scheduling": ("priority", "fcfs"),
     "log_format": ("text", "json"),
     "json_finish": ("cut-off", "close"),
@@ -307,6 +313,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--batch-rows-with-interactive must be >= 0"
     if c.batch_prefill_tokens < 1:
         return "--batch-prefill-tokens must be >= 1"
+    if c.kv_cache_type not in KV_CACHE_TYPES:
+        return "--kv-cache-type must be one of f16, q8_0, q4_0"
     if c.block_size < 1 or c.ctx < c.block_size:
         return "--ctx must be at least one block"
     if c.prefix_cache_tokens < 0 or c.prefix_host_cache_mib < 0:

@@ -124,7 +124,11 @@ class Engine:
         """
         runner = self.runner
         model = ModelFigures(
-            runner.model_path.name, runner.kv_bytes_per_token, runner.kv_buffer_bytes, runner.spilled_bytes
+            runner.model_path.name,
+            runner.kv_cache_type,
+            runner.kv_bytes_per_token,
+            runner.kv_buffer_bytes,
+            runner.spilled_bytes,
         )
         return EngineSnapshot(self.scheduler.view(), self.kv.view(), model, self.clock.snapshot())
 

@@ -54,6 +54,8 @@ class ServerFacts:
     kv_pool_tokens: int
     kv_block_size: int
     max_running: int
+    kv_cache_type: str  # --kv-cache-type
+    kv_bytes_per_token: int  # in that type, all layers, K and V
 
 
 def server_version() -> str:
@@ -189,6 +191,8 @@ class ModelApi:
             layers=f["layers"],
             metadata=metadata,
             chat=self._chat(),
+            kv_cache_type=s.kv_cache_type,
+            kv_bytes_per_token=s.kv_bytes_per_token,
         )
 
     def _chat(self) -> pb.ChatFormat:
@@ -213,5 +217,7 @@ def model_api_for(engine: Any, builder: RequestBuilder) -> ModelApi:
         kv_pool_tokens=engine.kv.capacity_tokens,
         kv_block_size=engine.kv.block_size,
         max_running=engine.config.max_running,
+        kv_cache_type=engine.runner.kv_cache_type,
+        kv_bytes_per_token=engine.runner.kv_bytes_per_token,
     )
     return ModelApi(builder, engine.runner.model_info(), server, engine.runner.model_path)

@@ -27,10 +27,12 @@ class ModelLoadError(RuntimeError):
     """The model file is missing, corrupt or cannot be loaded."""
 
 
-# -- llama.cpp logging: forwarded to Python logging; KV buffer sizes are captured ----
+# -- llama.cpp logging: forwarded to Python logging; KV buffer sizes and errors are captured ----
 _KV_LINE = re.compile(r"KV buffer size\s*=\s*([\d.]+)\s*MiB")
 _kv_buffer_mib: list[float] = []
+_errors: list[str] = []  # llama.cpp's error lines since the last clear (why a context was refused)
 _log_lock = threading.Lock()
+_GGML_LOG_LEVEL_ERROR = 4
 
 
 @L.llama_log_callback
@@ -38,6 +40,8 @@ def _on_llama_log(level: int, text: bytes, _user: Any) -> None:
     msg = text.decode("utf-8", "replace").rstrip()
     if m := _KV_LINE.search(msg):
         _kv_buffer_mib.append(float(m.group(1)))
+    if level == _GGML_LOG_LEVEL_ERROR and msg:
+        _errors.append(msg)
     if msg:
         log.debug("%s", msg)
 
@@ -205,6 +209,24 @@ class Vocab:
         return found + [("eog", t, self.piece(t, special=True)) for t in sorted(self.eog_ids - named)]
 
 
+# The KV cache's data types (--kv-cache-type): ggml type, and bytes per block of values per block.
+# NOTE: ggml's q8_0 block is 32 int8 values and one f16 scale (34 bytes), q4_0's 32 4-bit values
+# and one f16 scale (18 bytes); llama.cpp stores one row per token and layer for K and for V.
+KV_CACHE_TYPES: dict[str, tuple[int, int, int]] = {
+    "f16": (L.GGML_TYPE_F16, 2, 1),
+    "q8_0": (L.GGML_TYPE_Q8_0, 34, 32),
+    "q4_0": (L.GGML_TYPE_Q4_0, 18, 32),
+}
+
+
+def kv_row_bytes(kv_cache_type: str, values: int) -> int:
+    """Bytes of one cache row of ``values`` values in ``kv_cache_type`` (ggml_row_size)."""
+    _, block_bytes, block_values = KV_CACHE_TYPES[kv_cache_type]
+    if values % block_values:
+        raise ValueError(f"{values} values per row do not split into {kv_cache_type} blocks of {block_values}")
+    return values // block_values * block_bytes
+
+
 # NOTE: ggml's CPU flash attention switches to a tiled kernel once a batch has
 # 64 or more query rows. That kernel skips only KV tiles masked for *every* row
 # of a query tile. Rows of one prompt share a few tiles, so a long single prompt
@@ -220,6 +242,43 @@ MIXED_BATCH_MAX = 63
 PROMPT_ROWS = 32
 
 
+def _context_params(n_ctx: int, step_tokens: int, n_lanes: int, n_threads: int, kv_cache_type: str) -> Any:
+    """llama.cpp's context parameters of a ``ModelRunner``."""
+    params = L.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = params.n_ubatch = step_tokens
+    params.n_seq_max = n_lanes + 1  # the last one is the scratch lane of ``_save``
+    # NOTE: llama.cpp sizes its logits buffer as n_vocab x n_outputs_max rows and
+    # requires n_outputs_max >= n_seq_max: one row per lane, plus PROMPT_ROWS for
+    # steps that need logits at several positions of one sequence (prompt
+    # log-probabilities). Extra rows cost n_vocab x 4 bytes each.
+    params.n_outputs_max = max(n_lanes, 1) + PROMPT_ROWS
+    params.n_threads = params.n_threads_batch = n_threads
+    params.kv_unified = True
+    # NOTE: full-size SWA cache so a shared prefix keeps every cell it needs
+    # (a pruned sliding window would make prefix reuse incorrect).
+    params.swa_full = True
+    params.no_perf = True
+    ggml_type = KV_CACHE_TYPES[kv_cache_type][0]
+    params.type_k = params.type_v = ggml_type
+    if ggml_type != L.GGML_TYPE_F16:
+        # NOTE: llama.cpp reads a quantized V cache only in its flash-attention kernel and refuses the
+        # context when that is off. The default (auto) turns it on where the backend supports it, as on
+        # CPU; asked for explicitly, a backend that cannot run it refuses instead of silently falling back.
+        params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    return params
+
+
+def _refusal(model_path: str | Path, n_ctx: int, kv_cache_type: str, errors: list[str]) -> str:
+    """The start-up error when llama.cpp creates no context, with its own reason when it logged one."""
+    why = "; ".join(e.split(": ", 1)[-1] for e in errors) or "no reason given"
+    text = f"cannot create a llama.cpp context for {model_path} (n_ctx={n_ctx}, KV cache {kv_cache_type}): {why}"
+    if kv_cache_type != "f16":
+        text += (f" (a {kv_cache_type} KV cache needs llama.cpp's flash attention, and rows of whole "
+                 f"{KV_CACHE_TYPES[kv_cache_type][2]}-value blocks; --kv-cache-type f16 needs neither)")
+    return text
+
+
 class ModelRunner:
     """A llama.cpp model + context with a unified KV pool, driven one batch per call.
 
@@ -227,31 +286,39 @@ class ModelRunner:
     """
 
     def __init__(
-        self, model_path: str | Path, *, n_ctx: int, step_tokens: int, n_lanes: int, n_threads: int
+        self,
+        model_path: str | Path,
+        *,
+        n_ctx: int,
+        step_tokens: int,
+        n_lanes: int,
+        n_threads: int,
+        kv_cache_type: str = "f16",
     ) -> None:
+        """Load the model and create its context; ``kv_cache_type`` is a key of ``KV_CACHE_TYPES``.
+
+        Raises ModelLoadError (with llama.cpp's reason) when the model or the context cannot be made.
+        """
+        if kv_cache_type not in KV_CACHE_TYPES:
+            raise ModelLoadError(f"unknown KV cache type {kv_cache_type!r}: one of {', '.join(KV_CACHE_TYPES)}")
         self.model_path = Path(model_path)
         self.model = _load_model(model_path, vocab_only=False)
         self.vocab = Vocab(self.model)
         self.n_ctx_train: int = L.llama_model_n_ctx_train(self.model)
+        self.kv_cache_type = kv_cache_type
+        self.ctx = None
+        try:
+            per_token = self._metadata_bytes_per_token()
+        except ValueError as exc:  # NOTE: checked here: ggml would abort the process on such a row
+            self.close()
+            raise ModelLoadError(f"a {kv_cache_type} KV cache does not fit {model_path}: {exc}; use f16") from None
         _kv_buffer_mib.clear()
-        params = L.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = step_tokens
-        params.n_seq_max = n_lanes + 1  # the last one is the scratch lane of ``_save``
-        # NOTE: llama.cpp sizes its logits buffer as n_vocab x n_outputs_max rows and
-        # requires n_outputs_max >= n_seq_max: one row per lane, plus PROMPT_ROWS for
-        # steps that need logits at several positions of one sequence (prompt
-        # log-probabilities). Extra rows cost n_vocab x 4 bytes each.
-        params.n_outputs_max = max(n_lanes, 1) + PROMPT_ROWS
-        params.n_threads = params.n_threads_batch = n_threads
-        params.kv_unified = True
-        # NOTE: full-size SWA cache so a shared prefix keeps every cell it needs
-        # (a pruned sliding window would make prefix reuse incorrect).
-        params.swa_full = True
-        params.no_perf = True
+        _errors.clear()
+        params = _context_params(n_ctx, step_tokens, n_lanes, n_threads, kv_cache_type)
         self.ctx = L.llama_init_from_model(self.model, params)
         if not self.ctx:
-            raise ModelLoadError(f"cannot create a llama.cpp context for {model_path} (n_ctx={n_ctx})")
+            self.close()
+            raise ModelLoadError(_refusal(model_path, n_ctx, kv_cache_type, list(_errors)))
         self.n_ctx: int = L.llama_n_ctx(self.ctx)
         self.step_tokens = step_tokens
         self.n_lanes = n_lanes
@@ -262,11 +329,17 @@ class ModelRunner:
         self.prompt_rows = PROMPT_ROWS
         self.mem = L.llama_get_memory(self.ctx)
         self.kv_buffer_bytes = int(sum(_kv_buffer_mib) * 1024 * 1024)
-        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self.kv_bytes_per_token = self._checked_bytes_per_token(per_token)
         self._init_batch(step_tokens)
 
-    def _kv_bytes_per_token(self) -> int:
-        """K+V bytes per token over all layers (f16 cache), from the GGUF metadata."""
+    def _metadata_bytes_per_token(self) -> int:
+        """K+V bytes per token over all layers in the cache's data type, from the GGUF metadata (ValueError:
+        a row does not split into whole blocks of the type)."""
+        layers, k_values, v_values = self._kv_shape()
+        return layers * (kv_row_bytes(self.kv_cache_type, k_values) + kv_row_bytes(self.kv_cache_type, v_values))
+
+    def _kv_shape(self) -> tuple[int, int, int]:
+        """(layers, K values per token and layer, V values per token and layer), from the GGUF metadata."""
         arch = _meta(self.model, "general.architecture") or ""
         layers = L.llama_model_n_layer(self.model)
         heads_kv = int(
@@ -275,7 +348,24 @@ class ModelRunner:
         n_embd, n_head = L.llama_model_n_embd(self.model), L.llama_model_n_head(self.model)
         k_len = int(_meta(self.model, f"{arch}.attention.key_length") or n_embd // n_head)
         v_len = int(_meta(self.model, f"{arch}.attention.value_length") or n_embd // n_head)
-        return layers * heads_kv * (k_len + v_len) * 2
+        return layers, heads_kv * k_len, heads_kv * v_len
+
+    def _checked_bytes_per_token(self, per_token: int) -> int:
+        """K+V bytes per token over all layers in the cache's data type: ``per_token`` (from the GGUF
+        metadata) when the KV buffer llama.cpp reported allocating for ``n_ctx`` cells agrees.
+
+        NOTE: the metadata's figure is exact for the usual layouts (every layer caches K and V rows of
+        head_count_kv x key/value_length values). A model whose layers share or skip KV would make it
+        wrong; llama.cpp's buffer size (logged in MiB to two decimals) then wins, to within a byte or two.
+        """
+        if not self.kv_buffer_bytes:
+            return per_token
+        measured = self.kv_buffer_bytes / self.n_ctx
+        if abs(measured - per_token) * self.n_ctx > 0.01 * 2**20 + 0.005 * self.kv_buffer_bytes:
+            log.warning("KV bytes per token: %d from the metadata, %.1f from llama.cpp's buffer; using the latter",
+                        per_token, measured)
+            return round(measured)
+        return per_token
 
     def _init_batch(self, cap: int) -> None:
         # NOTE: our own llama_batch whose arrays are numpy buffers, so a step fills

@@ -86,6 +86,7 @@ def _kv(kv: KVSnapshot, view: EngineSnapshot) -> pb.KvMetrics:
         host_hit_tokens=kv.host_hit_tokens,
         host_prefixes=kv.host_prefixes,
         host_bytes=view.model.host_bytes,
+        cache_type=view.model.kv_cache_type,
     )
 
 

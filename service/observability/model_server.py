@@ -11,7 +11,8 @@ step with GetMetrics and the ``inference_*`` series:
 * ``vllm:kv_cache_usage_perc``   gauge: fraction 0-1 of KV blocks referenced by running
   sequences (cached prefix blocks nobody references are free to evict: not counted);
 * ``vllm:cache_config_info``     gauge 1 with labels ``block_size`` and ``num_gpu_blocks``
-  (the KV pool's blocks: the prefix-cache scorer's page size and capacity);
+  (the KV pool's blocks: the prefix-cache scorer's page size and capacity) and ``cache_dtype``
+  (``--kv-cache-type``: ``f16``, ``q8_0`` or ``q4_0``, where vLLM says ``auto`` or ``fp8``);
 * ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total``,
   ``vllm:request_success_total{finished_reason}`` counters (``stop`` counts JSON documents
   closed within their budget too, ``length`` those cut off);
@@ -77,10 +78,9 @@ class ModelServerCollector(Collector):
         yield self._gauge("vllm:num_requests_waiting", "requests waiting to run", load.num_waiting)
         yield self._gauge("vllm:num_requests_running", "requests in the running batch", load.num_running)
         yield self._gauge("vllm:kv_cache_usage_perc", "fraction of KV blocks in use (0-1)", kv.usage)
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info", "KV cache configuration", labels=["model_name", "block_size", "num_gpu_blocks"]
-        )
-        info.add_metric([self.model, str(kv.block_size), str(kv.blocks_total)], 1.0)
+        labels = ["model_name", "block_size", "num_gpu_blocks", "cache_dtype"]
+        info = GaugeMetricFamily("vllm:cache_config_info", "KV cache configuration", labels=labels)
+        info.add_metric([self.model, str(kv.block_size), str(kv.blocks_total), view.model.kv_cache_type], 1.0)
         yield info
         yield from self._counters(self.engine.metrics.cumulative(), load.num_preemptions)
 

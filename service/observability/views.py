@@ -185,10 +185,11 @@ class KVSnapshot:
 
 @dataclass(frozen=True)
 class ModelFigures:
-    """The loaded model: its file name and the memory its KV cache takes."""
+    """The loaded model: its file name, its KV cache's data type and the memory that cache takes."""
 
     model: str  # the GGUF file name
-    kv_bytes_per_token: int
+    kv_cache_type: str  # "f16", "q8_0" or "q4_0" (--kv-cache-type)
+    kv_bytes_per_token: int  # in that type
     kv_buffer_bytes: int  # llama.cpp's KV buffer
     host_bytes: int  # host memory held by spilled prefix chains
 

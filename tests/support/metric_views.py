@@ -122,7 +122,7 @@ class FakeEngine:
     load: SchedulerLoad = field(default_factory=scheduler_load)
     kv: KVSnapshot = field(default_factory=kv_snapshot)
     metrics: MetricsSource = field(default_factory=EngineMetrics)
-    model: ModelFigures = field(default_factory=lambda: ModelFigures("tiny.gguf", 64, 1 << 20, 0))
+    model: ModelFigures = field(default_factory=lambda: ModelFigures("tiny.gguf", "f16", 64, 1 << 20, 0))
     steps: StepTimes = field(default_factory=lambda: StepTimes(0, dict.fromkeys(PHASES, 0.0)))
 
     def view(self) -> EngineSnapshot:

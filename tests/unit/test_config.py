@@ -20,6 +20,7 @@ RULES: list[tuple[dict[str, Any], str]] = [
     ({"step_tokens": 16, "max_running": 32}, "--step-tokens must be >= --max-running"),
     ({"batch_rows_with_interactive": -1}, "--batch-rows-with-interactive must be >= 0"),
     ({"batch_prefill_tokens": 0}, "--batch-prefill-tokens must be >= 1"),
+    ({"kv_cache_type": "q5_1"}, "--kv-cache-type must be one of f16, q8_0, q4_0"),
     ({"block_size": 0}, "--ctx must be at least one block"),
     ({"ctx": 8, "block_size": 16}, "--ctx must be at least one block"),
     ({"prefix_cache_tokens": -1}, "--prefix-cache-tokens and --prefix-host-cache-mib must be >= 0"),
@@ -114,6 +115,7 @@ ENV_ERRORS = [
     ("INFERENCE_PREFIX_CACHE", "maybe", "INFERENCE_PREFIX_CACHE='maybe' is not a valid bool"),
     ("INFERENCE_SCHEDULING", "lifo", "INFERENCE_SCHEDULING must be one of priority, fcfs"),
     ("INFERENCE_LOG_FORMAT", "xml", "INFERENCE_LOG_FORMAT must be one of text, json"),
+    ("INFERENCE_KV_CACHE_TYPE", "fp8", "INFERENCE_KV_CACHE_TYPE must be one of f16, q8_0, q4_0"),
     ("INFERENCE_MAX_RUNNING", "0", "--max-running must be >= 1"),  # parses, then a rule refuses it
 ]
 
@@ -139,3 +141,24 @@ def test_a_flag_wins_over_the_environment() -> None:
     env = {"INFERENCE_THREADS": "2", "INFERENCE_MAX_RUNNING": "4", "INFERENCE_SCHEDULING": "fcfs"}
     config = load_config(["--max-running", "6", "--no-prefix-cache"], env=env)
     assert (config.max_running, config.scheduling, config.prefix_cache) == (6, "fcfs", False)
+
+
+def test_a_kv_cache_type_outside_the_three_is_refused_at_start_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        load_config(["--threads", "2", "--kv-cache-type", "q4_1"], env={})
+    assert info.value.code == 2
+    assert "argument --kv-cache-type: invalid choice: 'q4_1' (choose from 'f16', 'q8_0', 'q4_0')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["f16", "q8_0", "q4_0"])
+def test_each_kv_cache_type_is_accepted_from_the_flag_and_the_environment(kind: str) -> None:
+    assert load_config(["--threads", "2", "--kv-cache-type", kind], env={}).kv_cache_type == kind
+    assert load_config([], env={"INFERENCE_THREADS": "2", "INFERENCE_KV_CACHE_TYPE": kind}).kv_cache_type == kind
+
+
+def test_the_flags_kv_cache_types_are_the_runners() -> None:
+    """config.py names the types without importing llama.cpp; the runner maps each to a ggml type."""
+    from service.config import KV_CACHE_TYPES
+    from service.model.runner import KV_CACHE_TYPES as RUNNER_TYPES
+
+    assert tuple(RUNNER_TYPES) == KV_CACHE_TYPES

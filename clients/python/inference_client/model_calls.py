@@ -69,7 +69,8 @@ def format_model_info(info: pb.GetModelInfoResponse) -> str:
         ("architecture", f"{info.architecture}, {info.parameter_count:,} parameters, {info.quantization}"),
         ("file", f"{info.file_size_bytes:,} bytes, sha256 {info.sha256 or '-'}"),
         ("context", f"{lim.context_size} tokens per request (trained {info.training_context})"),
-        ("kv pool", f"{info.kv_pool_tokens} tokens in blocks of {info.kv_block_size}; max running {info.max_running}"),
+        ("kv pool", f"{info.kv_pool_tokens} tokens in blocks of {info.kv_block_size}{_kv_type(info)}; "
+                    f"max running {info.max_running}"),
         ("vocabulary", f"{info.vocab_size} tokens; special: {special or '-'}"),
         ("defaults", f"max_tokens {lim.default_max_tokens} (JSON {lim.default_json_max_tokens})"),
         (
@@ -93,3 +94,10 @@ def format_tokens(resp: pb.TokenizeResponse) -> str:
             shown = repr(piece)
         lines.append(f"{token:>8}  {shown}")
     return "\n".join(lines)
+
+
+def _kv_type(info: pb.GetModelInfoResponse) -> str:
+    """`` (q8_0, 12,240 bytes per token)``, or nothing from a server that does not say."""
+    if not info.kv_cache_type:
+        return ""
+    return f" ({info.kv_cache_type}, {info.kv_bytes_per_token:,} bytes per token)"

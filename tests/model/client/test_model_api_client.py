@@ -85,7 +85,7 @@ def test_cli_count_plain_and_chat_from_stdin(server: Any) -> None:
 def test_cli_info_table_and_json(server: Any) -> None:
     proc = run("--target", server.target, "info")
     assert proc.returncode == 0, proc.stderr
-    for needle in (DEFAULT_MODEL.name, "context", "kv pool", "sha256", "json_schema", "special: bos="):
+    for needle in (DEFAULT_MODEL.name, "context", "kv pool", "bytes per token", "sha256", "json_schema", "special: bos="):
         assert needle in proc.stdout, needle
     info = json.loads(run("--target", server.target, "info", "--json").stdout)
     assert info["limits"]["max_choices"] == 16 and info["metadata"]["general.architecture"] == info["architecture"]

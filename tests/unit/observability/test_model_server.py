@@ -36,7 +36,7 @@ def test_gauges_follow_the_scheduler_and_the_kv_pool() -> None:
     m = scrape(engine)
     assert m["vllm:num_requests_running{}"] == 2 and m["vllm:num_requests_waiting{}"] == 3
     assert m["vllm:kv_cache_usage_perc{}"] == 0.25
-    assert m["vllm:cache_config_info{block_size=16,num_gpu_blocks=64}"] == 1.0
+    assert m["vllm:cache_config_info{block_size=16,cache_dtype=f16,num_gpu_blocks=64}"] == 1.0
 
 
 def test_latency_histograms_count_finished_requests_in_seconds() -> None:
