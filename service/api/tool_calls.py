@@ -19,7 +19,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import jsonschema
 from inference.v1 import inference_pb2 as pb
@@ -29,6 +29,8 @@ from service.chat.reader import Stream
 from service.chat.tool_format import ToolFormat
 
 Json = dict[str, Any]
+# The code (HTTP) and reason (gRPC Error.reason) of output that broke a schema keyword checked only after generation.
+SCHEMA_NOT_ENFORCED = "schema_not_enforced"
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,21 @@ def call_id() -> str:
 
 
 class CallFailed(Exception):
-    """The answer did not read back into valid calls: text off the call syntax, or arguments that fail
-    their function's schema."""
+    """The answer did not read back into valid calls: text off the call syntax (a server bug: the grammar
+    allows none), or, with ``keyword`` set, arguments that broke a keyword of their function's schema the
+    grammar could not enforce (checked only after generation); ``tool`` is that function's index."""
+
+    def __init__(self, message: str, keyword: str = "", path: str = "", tool: int = -1) -> None:
+        super().__init__(message)
+        self.keyword, self.path, self.tool = keyword, path, tool
+
+
+def broken(exc: jsonschema.ValidationError, tool: int) -> CallFailed:
+    """The CallFailed of arguments that fail their schema: the keyword and where (a JSON pointer)."""
+    path = "/" + "/".join(str(p) for p in exc.absolute_path)
+    message = (f"the model's output broke `{exc.validator}` at {path}, a keyword this server checks only "
+               f"after generation ({exc.message[:200]})")
+    return CallFailed(message, str(exc.validator), path, tool)
 
 
 @dataclass
@@ -79,9 +94,10 @@ class CallReader:
     stream: Stream
     content: str = ""
     calls: list[Json] = field(default_factory=list)
+    handed: int = 0  # calls handed out whole by ``complete_calls``
 
     @classmethod
-    def of(cls, plan: ToolPlan) -> CallReader:
+    def of(cls, plan: ToolPlan) -> Self:
         assert plan.fmt is not None
         return cls(plan, plan.fmt.stream(plan.allowed))
 
@@ -119,12 +135,28 @@ class CallReader:
         self.content += text
         return text, deltas
 
+    def complete_calls(self, ended: bool) -> list[Json]:
+        """The calls complete since the last time, each checked against its schema (CallFailed): while the
+        answer goes on, every call but the last (a call is complete once the next begins); once it ``ended``
+        (after ``close(True)``), all of them."""
+        end = len(self.calls) if ended else max(len(self.calls) - 1, 0)
+        out = self.calls[self.handed:end]
+        for call in out:
+            self._check(call)
+        self.handed = max(self.handed, end)
+        return out
+
     def _validate(self) -> None:
-        schemas = self.plan.schemas
         for call in self.calls:
-            fn = call["function"]
-            try:
-                jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]],
-                                    cls=jsonschema.Draft202012Validator)
-            except (ValueError, KeyError, jsonschema.ValidationError) as exc:
-                raise CallFailed(str(exc)) from None
+            self._check(call)
+
+    def _check(self, call: Json) -> None:
+        fn = call["function"]
+        index = next((i for i, f in enumerate(self.plan.functions) if f.name == fn["name"]), -1)
+        try:
+            jsonschema.validate(json.loads(fn["arguments"]), self.plan.schemas[fn["name"]],
+                                cls=jsonschema.Draft202012Validator)
+        except jsonschema.ValidationError as exc:
+            raise broken(exc, index) from None
+        except (ValueError, KeyError) as exc:
+            raise CallFailed(str(exc)) from None
