@@ -18,7 +18,11 @@ The answer is read as it is generated (``CallReader``, over ``service.api.tool_c
 servicer shares): text before the calls is
 the message's content, each call gets an id (``call_<hex>``) and its arguments
 exactly as the model wrote them, validated against the function's schema with
-``jsonschema`` at the end (a failure is a 500, never an invalid call).
+``jsonschema`` at the end, never an invalid call: arguments that break a keyword
+the grammar cannot enforce (``pattern``/``format`` in XML-family string values,
+``not``, ``uniqueItems``, ...) are a 400 ``invalid_request_error`` with code
+``schema_not_enforced`` naming the keyword, where it broke and the tool's
+parameters (``tools[i].function.parameters``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import jsonschema
 
 from service.api import tool_calls
 from service.api.input_limits import DEFAULTS, InputLimits
-from service.api.tool_calls import CallFailed, ToolPlan
+from service.api.tool_calls import SCHEMA_NOT_ENFORCED, CallFailed, ToolPlan
 from service.chat.calls import Function
 from service.http.errors import ApiError, bad_param
 
@@ -105,8 +109,13 @@ def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bo
     return ToolPlan(mode, tuple(fns), named, parallel)
 
 
-def invalid(detail: str) -> ApiError:
-    return ApiError(500, f"generated tool call failed validation: {detail[:200]}", type="server_error")
+def invalid(exc: CallFailed) -> ApiError:
+    """The error of an answer that did not read back into valid calls: arguments that broke a schema keyword
+    the grammar could not enforce are a 400 naming the keyword and the tool's parameters; output off the
+    call syntax is a server bug (500)."""
+    if exc.keyword:
+        return ApiError(400, str(exc), param=f"tools[{exc.tool}].function.parameters", code=SCHEMA_NOT_ENFORCED)
+    return ApiError(500, f"generated tool call failed validation: {str(exc)[:200]}", type="server_error")
 
 
 class CallReader(tool_calls.CallReader):
@@ -116,10 +125,10 @@ class CallReader(tool_calls.CallReader):
         try:
             return super().feed(text)
         except CallFailed as exc:
-            raise invalid(str(exc)) from None
+            raise invalid(exc) from None
 
     def close(self, complete: bool) -> tuple[str, list[Json]]:
         try:
             return super().close(complete)
         except CallFailed as exc:
-            raise invalid(str(exc)) from None
+            raise invalid(exc) from None
