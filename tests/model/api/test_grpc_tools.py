@@ -6,6 +6,7 @@ with two calls, two results and a follow-up, Tokenize/CountTokens with tools equ
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -13,6 +14,8 @@ import jsonschema
 import pytest
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+
+from tests.support.server import start_server
 
 pytestmark = pytest.mark.model
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -134,3 +137,27 @@ def test_bad_tool_fields_are_invalid_argument_naming_them(channel: grpc.Channel,
                                                           needle: str) -> None:
     events = generate(channel, messages=ASK, **fields)
     assert len(events) == 1 and events[0].error.status == "INVALID_ARGUMENT" and needle in events[0].error.message
+
+
+@pytest.fixture(scope="module")
+def cached_channel() -> Iterator[grpc.Channel]:
+    srv = start_server(response_cache_bytes=1 << 20)
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            yield ch
+    finally:
+        srv.close()
+
+
+def test_a_cache_hit_replays_the_same_calls_and_the_tool_choice_is_part_of_the_key(
+        cached_channel: grpc.Channel) -> None:
+    fields: dict[str, Any] = {"messages": ASK, "tools": TOOLS, "tool_choice": pb.TOOL_CHOICE_REQUIRED}
+    first_calls, first = calls_of(generate(cached_channel, **fields))
+    again_calls, again = calls_of(generate(cached_channel, **fields))
+    assert again.cache_hit and not first.cache_hit
+    assert again.finish_reason == first.finish_reason == pb.FINISH_REASON_TOOL_CALLS
+    assert [(c.name, c.arguments) for c in again_calls] == [(c.name, c.arguments) for c in first_calls]
+    assert {c.id for c in again_calls}.isdisjoint(c.id for c in first_calls)  # each answer's own ids
+    named = generate(cached_channel, **{**fields, "tool_choice": pb.TOOL_CHOICE_FUNCTION,
+                                        "tool_choice_function": "get_time"})
+    assert not calls_of(named)[1].cache_hit  # another grammar: another answer
