@@ -24,7 +24,7 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.call_plan import CallAsk
 from service.api.proto_convert import error_proto, event_proto
-from service.api.tool_calls import SCHEMA_NOT_ENFORCED, CallFailed, CallReader, Json
+from service.api.tool_calls import SCHEMA_NOT_ENFORCED, CallFailed, CallReader, Json, ToolPlan
 from service.request.events import Delta, Done, Event
 from service.request.sequence import FinishReason
 
@@ -33,10 +33,10 @@ def call_protos(calls: Sequence[Json]) -> list[pb.ToolCall]:
     return [pb.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"]) for c in calls]
 
 
-def call_error(exc: CallFailed) -> pb.Error:
+def call_error(exc: CallFailed, plan: ToolPlan) -> pb.Error:
     """The Error of an answer that did not read back into valid calls."""
     if exc.keyword:
-        return error_proto("INVALID_ARGUMENT", f"tools[{exc.tool}].parameters: {exc}", reason=SCHEMA_NOT_ENFORCED)
+        return error_proto("INVALID_ARGUMENT", f"{plan.param(exc.tool)}: {exc}", reason=SCHEMA_NOT_ENFORCED)
     return error_proto("INTERNAL", f"generated tool call does not follow the call syntax: {str(exc)[:200]}")
 
 
@@ -60,7 +60,7 @@ class CallEvents:
             return self._delta(rid, ev, reader) if isinstance(ev, Delta) else self._done(rid, ev, reader)
         except CallFailed as exc:
             self.failed = True
-            return [pb.GenerateResponse(request_id=rid, error=call_error(exc))]
+            return [pb.GenerateResponse(request_id=rid, error=call_error(exc, plan))]
 
     @staticmethod
     def _delta(rid: str, d: Delta, reader: CallReader) -> list[pb.GenerateResponse]:

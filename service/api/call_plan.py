@@ -74,5 +74,5 @@ class CallAsk:
         fns = functions(tools, limits)
         if mode == "named" and self.function not in {f.name for f in fns}:
             raise BadRequest(f"tool_choice_function names {self.function[:64]!r}, which is not one of the tools")
-        plan = ToolPlan(mode, tuple(fns), self.function, self.parallel, fmt)
+        plan = ToolPlan(mode, tuple(fns), self.function, self.parallel, fmt, "tools[{}].parameters")
         self.plan, self.lark = plan, plan.grammar()

@@ -111,7 +111,8 @@ class GenerateStream:
                     self._put(msg)
                 if calls.failed and not terminal:  # its error is the terminal event: the rest is stopped
                     terminal = True
-                    self.active[rid].cancel()
+                    if (flight := self.active.get(rid)) is not None:
+                        flight.cancel()
             else:
                 return
             if terminal:

@@ -42,6 +42,11 @@ class ToolPlan:
     named: str = ""  # the function of mode "named"
     parallel: bool = True
     fmt: ToolFormat | None = None
+    where: str = "tools[{}].function.parameters"  # the request's name of a tool's parameters ({}: its index)
+
+    def param(self, tool: int) -> str:
+        """Where tool ``tool``'s parameters are in the request (an error names them)."""
+        return self.where.format(tool)
 
     @property
     def allowed(self) -> tuple[Function, ...]:

@@ -22,7 +22,7 @@ exactly as the model wrote them, validated against the function's schema with
 the grammar cannot enforce (``pattern``/``format`` in XML-family string values,
 ``not``, ``uniqueItems``, ...) are a 400 ``invalid_request_error`` with code
 ``schema_not_enforced`` naming the keyword, where it broke and the tool's
-parameters (``tools[i].function.parameters``).
+parameters (``param``: ``tools[i].function.parameters``, or the dialect's name for them).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def check_tool_count(n: int, limits: InputLimits) -> None:
         raise bad_param("tools", problem)
 
 
-def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bool = True) -> ToolPlan | None:
+def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bool = True,
+                   where: str = "tools[{}].function.parameters") -> ToolPlan | None:
     """The plan of checked functions under ``mode`` ("auto", "required", "named" with ``named``, "none"):
     every dialect's tools end here. None for "none" (the tools are left out of the prompt)."""
     if len({f.name for f in fns}) != len(fns):
@@ -106,15 +107,15 @@ def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bo
         raise bad_param("tool_choice", f"tool_choice names {named!r}, which is not one of the tools")
     if mode == "none":
         return None
-    return ToolPlan(mode, tuple(fns), named, parallel)
+    return ToolPlan(mode, tuple(fns), named, parallel, where=where)
 
 
-def invalid(exc: CallFailed) -> ApiError:
+def invalid(exc: CallFailed, plan: ToolPlan) -> ApiError:
     """The error of an answer that did not read back into valid calls: arguments that broke a schema keyword
     the grammar could not enforce are a 400 naming the keyword and the tool's parameters; output off the
     call syntax is a server bug (500)."""
     if exc.keyword:
-        return ApiError(400, str(exc), param=f"tools[{exc.tool}].function.parameters", code=SCHEMA_NOT_ENFORCED)
+        return ApiError(400, str(exc), param=plan.param(exc.tool), code=SCHEMA_NOT_ENFORCED)
     return ApiError(500, f"generated tool call failed validation: {str(exc)[:200]}", type="server_error")
 
 
@@ -125,10 +126,10 @@ class CallReader(tool_calls.CallReader):
         try:
             return super().feed(text)
         except CallFailed as exc:
-            raise invalid(exc) from None
+            raise invalid(exc, self.plan) from None
 
     def close(self, complete: bool) -> tuple[str, list[Json]]:
         try:
             return super().close(complete)
         except CallFailed as exc:
-            raise invalid(exc) from None
+            raise invalid(exc, self.plan) from None

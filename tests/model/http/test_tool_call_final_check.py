@@ -81,7 +81,9 @@ def test_anthropic_messages_is_a_400_invalid_request_error(http: httpx2.Client) 
 def test_responses_is_a_400_and_a_streamed_response_failed(http: httpx2.Client) -> None:
     r = http.post("/v1/responses", json=RESPONSES)
     assert r.status_code == 400
-    assert (r.json()["error"]["code"], r.json()["error"]["type"]) == ("schema_not_enforced", "invalid_request_error")
+    error = r.json()["error"]
+    assert (error["code"], error["type"], error["param"]) == ("schema_not_enforced", "invalid_request_error",
+                                                              "tools[0].parameters")
     events = sse(http, "/v1/responses", RESPONSES)
     ends = [e["type"] for e in events if e["type"] in ("response.completed", "response.incomplete", "response.failed")]
     assert ends == ["response.failed"] and events[-1]["type"] == "response.failed"
