@@ -66,6 +66,23 @@ def test_required_calls_come_back_parsed_validated_and_streamed_as_done_repeats_
     assert "<tool_call>" not in text and "get_weather" not in text  # the call syntax is held back
 
 
+def test_a_choice_cut_off_by_max_tokens_lists_only_the_calls_completed_before(channel: grpc.Channel) -> None:
+    """The end-of-turn tokens banned, the grammar can only go on with another call until max_tokens cuts one:
+    the calls before it were sent and are listed, the cut one never is."""
+    stub = pb_grpc.InferenceServiceStub(channel)
+    ends = {t.token_id: -100.0 for t in stub.GetModelInfo(pb.GetModelInfoRequest()).special_tokens
+            if t.name in ("eos", "eot")}
+    cut = generate(channel, messages=ASK, tools=TOOLS, tool_choice=pb.TOOL_CHOICE_REQUIRED,
+                   sampling=pb.SamplingParams(max_tokens=120, temperature=0.0, logit_bias=ends))
+    streamed, done = calls_of(cut)
+    assert done.finish_reason == pb.FINISH_REASON_LENGTH and done.usage.completion_tokens == 120
+    assert len(streamed) >= 2 and list(done.tool_calls) == streamed
+    for call in streamed:
+        assert_valid(call)
+    text = "".join(e.delta.text for e in cut if e.WhichOneof("event") == "delta")
+    assert "<tool_call>" not in text  # the unfinished call is neither text nor a call
+
+
 def test_a_named_function_is_called_exactly_once(channel: grpc.Channel) -> None:
     events = generate(channel, messages=ASK, tools=TOOLS, tool_choice=pb.TOOL_CHOICE_FUNCTION,
                       tool_choice_function="get_time")
