@@ -58,7 +58,7 @@ def test_required_calls_come_back_parsed_validated_and_streamed_as_done_repeats_
     events = generate(channel, messages=ASK, tools=TOOLS, tool_choice=pb.TOOL_CHOICE_REQUIRED)
     streamed, done = calls_of(events)
     assert done.finish_reason == pb.FINISH_REASON_TOOL_CALLS
-    assert len(streamed) >= 2 and list(done.tool_calls) == streamed
+    assert len(streamed) >= 1 and list(done.tool_calls) == streamed  # several: the cut-off test below
     for call in streamed:
         assert_valid(call)
     assert len({c.id for c in streamed}) == len(streamed)
