@@ -29,8 +29,10 @@ from service.api.tool_calls import ToolPlan
 from service.chat.tool_format import ToolFormat
 from service.request.errors import BadRequest
 
-MODES: dict[int, str] = {pb.TOOL_CHOICE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_AUTO: "auto", pb.TOOL_CHOICE_REQUIRED: "required",
-         pb.TOOL_CHOICE_FUNCTION: "named", pb.TOOL_CHOICE_NONE: "none"}
+MODES: dict[int, str] = {  # ToolChoice -> the mode of a ToolPlan ("none": no plan)
+    pb.TOOL_CHOICE_UNSPECIFIED: "auto", pb.TOOL_CHOICE_AUTO: "auto", pb.TOOL_CHOICE_REQUIRED: "required",
+    pb.TOOL_CHOICE_FUNCTION: "named", pb.TOOL_CHOICE_NONE: "none",
+}
 
 
 @dataclass(eq=False)
