@@ -34,7 +34,7 @@ from inference.v1 import inference_pb2 as pb
 from .batch_cli import COMMANDS as BATCH_COMMANDS
 from .batch_cli import add_commands as add_batch_commands
 from .cli_input import add_tool_options, prompt_input, tool_input
-from .cli_logprobs import print_result
+from .cli_logprobs import call_line, print_result
 from .cli_model import COMMANDS as MODEL_COMMANDS
 from .cli_model import add_commands as add_model_commands
 from .client import DEFAULT_TARGET, InferenceClient
@@ -43,7 +43,6 @@ from .events import Delta, Done
 from .metrics import format_metrics, metrics_to_dict
 from .retry import RetryPolicy
 from .security import TOKEN_ENV, secure_credentials
-from .tools import ToolCall
 
 EXIT_NOT_SERVING = 1
 EXIT_ERROR = 2
@@ -168,11 +167,6 @@ def summary_line(done: Done) -> str:
         f"completion={u.completion_tokens} queue={t.queue_ms:.1f}ms ttft={t.ttft_ms:.1f}ms "
         f"total={t.total_ms:.1f}ms decode={rate:.1f}tok/s preemptions={done.preemptions}]"
     )
-
-
-def call_line(call: ToolCall) -> str:
-    """A tool call as one JSON line: ``{"tool_call": {"id", "name", "arguments"}}`` (arguments parsed)."""
-    return json.dumps({"tool_call": {"id": call.id, "name": call.name, "arguments": call.args}}, ensure_ascii=False)
 
 
 def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:

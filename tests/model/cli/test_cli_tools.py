@@ -43,3 +43,16 @@ def test_generate_with_tools_prints_each_call_and_counts_match(server: Any, tmp_
     assert int(count.stdout.strip()) == prompt_tokens
     none = run("--target", server.target, "count", "Weather in Oslo?", "--tools", str(tools), "--tool-choice", "none")
     assert int(none.stdout.strip()) < prompt_tokens  # "none" leaves the tools out of the prompt
+
+
+def test_several_choices_print_each_choices_call(server: Any, tmp_path: Path) -> None:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    proc = run("--target", server.target, "generate", "Weather in Oslo?", "--tools", str(tools), "-n", "2",
+               "--tool-choice", "get_weather", "--max-tokens", "64", "--temperature", "0.7", "--seed", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("--- choice ") == 2
+    calls = [json.loads(line)["tool_call"] for line in proc.stdout.splitlines() if line.startswith('{"tool_call"')]
+    assert [c["name"] for c in calls] == ["get_weather", "get_weather"]
+    for call in calls:
+        jsonschema.validate(call["arguments"], PARAMS)
