@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.call_plan import CallAsk
 from service.api.proto_convert import response_format
 
 
@@ -48,14 +49,24 @@ class Ask:
     prompt_ids: tuple[int, ...] = ()
     tools: Sequence[pb.Tool] = ()  # functions the chat template is given (GenerateRequest.tools)
     template_kwargs: str = ""  # further chat template variables, a JSON object (GenerateRequest.chat_template_kwargs)
+    calls: CallAsk | None = None  # the tool choice; planned in preparation, read back by the gRPC front end
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """The output's constraint once prepared: ``fmt``, or the grammar of the planned tool calls."""
+        if self.fmt is None and self.calls is not None and self.calls.lark:
+            return "lark", self.calls.lark
+        return self.fmt
 
     @classmethod
     def generate(cls, req: pb.GenerateRequest, deadline: float | None, prompt_ids: tuple[int, ...] = ()) -> Ask:
         """A ``GenerateRequest`` (gRPC, or built by the HTTP API; ``prompt_ids``: a completions token-id prompt)."""
         fmt = response_format(req.response_format) if req.HasField("response_format") else None
+        tools = () if req.tool_choice == pb.TOOL_CHOICE_NONE else req.tools  # NOTE: "none" leaves them out
         return cls(
             req.request_id, req.prompt, req.messages, req.sampling, req.priority, fmt, deadline,
-            cache=_cache_ask(req), prompt_ids=prompt_ids, tools=req.tools, template_kwargs=req.chat_template_kwargs,
+            cache=_cache_ask(req), prompt_ids=prompt_ids, tools=tools, template_kwargs=req.chat_template_kwargs,
+            calls=CallAsk.of(req),
         )
 
     @classmethod

@@ -97,7 +97,8 @@ class CacheFront:
         # NOTE: only the semantic cache reads the messages (the exact key hashes the prompt's tokens).
         messages = semantic_messages(ask) if c.semantic else []
         try:
-            t = self.cache.ticket(seq, c.policy, c.ttl_s, c.semantic, ask.prompt, messages, ask.fmt, ask.json_mode)
+            t = self.cache.ticket(seq, c.policy, c.ttl_s, c.semantic, ask.prompt, messages, ask.constraint,
+                                  ask.json_mode)
         except ValueError as exc:
             return _error("INVALID_ARGUMENT", str(exc))
         if t.key is None:

@@ -86,12 +86,18 @@ def _variables(kwargs: str) -> dict[str, Any]:
     return value
 
 
+def functions(tools: Sequence[pb.Tool], limits: InputLimits) -> list[Function]:
+    """A request's tools as checked functions (their count first, then each one); raises BadRequest."""
+    if problem := limits.tools(len(tools)):
+        raise BadRequest(problem)
+    out = [_function(i, t) for i, t in enumerate(tools)]
+    if len({f.name for f in out}) != len(out):
+        raise BadRequest("tools: function names must be unique")
+    return out
+
+
 def conversation(messages: Sequence[pb.ChatMessage], tools: Sequence[pb.Tool], kwargs: str,
                  limits: InputLimits) -> Conversation:
     """The conversation of a request's chat fields (see the module doc); raises BadRequest."""
-    if problem := limits.tools(len(tools)):
-        raise BadRequest(problem)
-    functions = [_function(i, t) for i, t in enumerate(tools)]
-    if len({f.name for f in functions}) != len(functions):
-        raise BadRequest("tools: function names must be unique")
-    return Conversation([_turn(i, m) for i, m in enumerate(messages)], functions, _variables(kwargs))
+    fns = functions(tools, limits)
+    return Conversation([_turn(i, m) for i, m in enumerate(messages)], fns, _variables(kwargs))

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Iterable
 from inference.v1 import inference_pb2 as pb
 
 from service.api.ask import Ask
+from service.api.call_events import CallEvents
 from service.api.flight import Flight, Sink
 from service.api.intake import Intake
 from service.api.proto_convert import error_proto, event_proto
@@ -94,14 +95,26 @@ class GenerateStream:
         else:
             self.finished.pop(rid, None)
             # NOTE: in the order sent: a request is admitted after the stream's previous one
-            self.last = self.intake.start(Ask.generate(req, self.deadline), self._sink(rid), self.last)
+            ask = Ask.generate(req, self.deadline)
+            calls = CallEvents(ask.calls) if ask.calls is not None else None
+            self.last = self.intake.start(ask, self._sink(rid, calls), self.last)
             self.active[rid] = self.last
             if self.backlog.paused:
                 self.active[rid].pause(True)
 
-    def _sink(self, rid: str) -> Sink:
+    def _sink(self, rid: str, calls: CallEvents | None) -> Sink:
         def sink(event: Event, terminal: bool) -> None:
-            self._put(event_proto(rid, event))
+            if calls is None:
+                self._put(event_proto(rid, event))
+            elif not calls.failed:  # NOTE: a request that failed on its calls has had its terminal event
+                for msg in calls.protos(rid, event):
+                    self._put(msg)
+                if calls.failed and not terminal:  # its error is the terminal event: the rest is stopped
+                    terminal = True
+                    if (flight := self.active.get(rid)) is not None:
+                        flight.cancel()
+            else:
+                return
             if terminal:
                 self._ended(rid)
 

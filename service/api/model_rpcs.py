@@ -132,12 +132,15 @@ class ModelApi:
         return await self._off_loop(self._detokenize, list(req.token_ids), req.render_special)
 
     def _tokens(self, req: pb.TokenizeRequest | pb.CountTokensRequest) -> tuple[str, list[int]]:
+        tools = () if req.tool_choice == pb.TOOL_CHOICE_NONE else req.tools  # NOTE: as Ask.generate leaves them
         size = len(req.text.encode()) + sum(len(m.content.encode()) for m in req.messages)
+        size += len(req.chat_template_kwargs.encode()) + sum(len(t.parameters.encode()) for t in tools)
         if size > MAX_TOKENIZE_BYTES:
             raise BadRequest(f"input is {size} bytes; at most {MAX_TOKENIZE_BYTES} bytes per call")
         add = req.add_special if req.HasField("add_special") else None
         parse = req.parse_special if req.HasField("parse_special") else None
-        return self.builder.render_tokens(req.text, list(req.messages), add, parse, "text")
+        return self.builder.render_tokens(req.text, list(req.messages), add, parse, "text", tools,
+                                          req.chat_template_kwargs)
 
     def _tokenize(self, req: pb.TokenizeRequest) -> pb.TokenizeResponse:
         text, ids = self._tokens(req)

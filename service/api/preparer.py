@@ -86,6 +86,8 @@ class Preparer:
             ids = self._given_ids(ask)
         else:
             ids = self.builder.prompt_ids(prompt, messages, ask.tools, ask.template_kwargs)
+        if ask.calls is not None:  # the grammar of the model's call syntax (service.api.call_plan)
+            ask.calls.prepare(ask.tools, self.builder.tool_format, self.builder.limits.inputs)
         json_output = ask.json_mode or (ask.fmt is not None and ask.fmt[0] == "json_schema")
         params = self.builder.sampling(ask.sampling, len(ids), json_mode=ask.json_mode, json_output=json_output)
         if params.stop and json_output:
@@ -121,8 +123,8 @@ class Preparer:
         # that the calls can be read from it (service.chat.markup)
         shown = self.builder.shown_bytes if ask.tools else self.builder.vocab.token_bytes
         seq.text = TextStream(shown, plan.params.stop)
-        if ask.fmt is not None:
-            seq.matcher, seq.grammar = await self.grammar.matcher_for(*ask.fmt)
-            seq.keys = self.grammar.key_guard(ask.fmt[0])
+        if (fmt := ask.constraint) is not None:
+            seq.matcher, seq.grammar = await self.grammar.matcher_for(*fmt)
+            seq.keys = self.grammar.key_guard(fmt[0])
             seq.budget = budget_for(seq)
         return seq

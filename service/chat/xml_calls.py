@@ -7,12 +7,13 @@ render). The grammar writes each function's properties in the order of its
 schema (the required ones always, the others optionally), a string as free text
 that cannot contain the value's closing marker and any other value under its
 property's schema (a string's ``enum``, ``const``, ``minLength`` and ``maxLength`` are in its
-grammar too). The parser gives the arguments as one JSON object, emitted a parameter at a time.
+grammar too, and a ``pattern`` in the syntax every regex engine here shares: ``_pattern``). The parser gives the arguments as one JSON object, emitted a parameter at a time.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +40,96 @@ def _choices(schema: dict[str, Any]) -> str | None:
     return "(" + " | ".join(literal(v) for v in values) + ")"
 
 
+def _value(schema: dict[str, Any], end: str = "") -> str:
+    """The regex of a free string value that ends at ``end`` ("": at a special token): its ``pattern`` where
+    ``_pattern`` can take it, else any characters (``minLength``/``maxLength`` when given).
+
+    NOTE: a value ended by text is a lazy lexeme (it ends at the first ``end``), which keeps the parse and
+    the grammar in step only while the value cannot run on past an ``end`` it failed to match before: a
+    pattern there must be anchored and unable to write ``end``'s first character (``_cannot_write``).
+    """
+    regex = _pattern(schema)
+    if regex is not None and (not end or (regex.startswith("(?:") and regex.endswith(")")
+                                          and _cannot_write(regex, end[0]))):
+        return regex
+    return f"(?s:.{_span(schema)})"
+
+
+def _cannot_write(regex: str, ch: str) -> bool:
+    """``regex`` (of ``_pattern``'s syntax) surely matches no text holding ``ch``: no ``.``, no negated
+    class, and no class, escape or literal of it matches ``ch`` (conservative: False when unsure)."""
+    i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "[":
+            j = regex.find("]", i + 2)
+            while j > 0 and regex[j - 1] == "\\":
+                j = regex.find("]", j + 1)
+            if j < 0 or regex[i + 1] == "^" or re.fullmatch(regex[i:j + 1], ch):
+                return False
+            i = j + 1
+        elif c == "\\":
+            if re.fullmatch(regex[i:i + 2], ch):
+                return False
+            i += 2
+        elif c == "." or c == ch:
+            return False
+        else:
+            i += 1
+    return True
+
+
+# What a pattern may not hold to be put in the grammar as it is: anchors and assertions llguidance's regexes
+# lack (or mean otherwise), look-arounds, back-references, Unicode classes, and "/" (the Lark literal's end).
+_FOREIGN = re.compile(r"\\[bBAzZGpPkK1-9]|\(\?(?!:)|/")
+
+
+def _pattern(schema: dict[str, Any]) -> str | None:
+    """A ``pattern`` of a bare string value as the value's regex, or None (left to the final validation).
+
+    NOTE: JSON Schema patterns search (unanchored): ``^...$`` is the whole value, any other is found
+    somewhere in it. Taken only alone (no ``minLength``/``maxLength``/``format`` beside it) and only in
+    the syntax common to ECMA-262, Python and llguidance's regexes: anything else stays checked after
+    generation (the call then fails with ``schema_not_enforced`` when the model broke it).
+    """
+    p = schema.get("pattern")
+    if not isinstance(p, str) or not p or any(k in schema for k in ("minLength", "maxLength", "format")):
+        return None
+    start, end = p.startswith("^"), p.endswith("$") and not p.endswith("\\$")
+    inner = p[int(start): len(p) - int(end)]
+    if _FOREIGN.search(inner) or _anchored(inner):
+        return None
+    try:
+        re.compile(inner)
+    except re.error:
+        return None
+    return ("" if start else "(?s:.*)") + f"(?:{inner})" + ("" if end else "(?s:.*)")
+
+
+def _anchored(regex: str) -> bool:
+    """``regex`` has a ``^`` or ``$`` outside a character class (one not escaped)."""
+    i, depth = 0, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            depth = True
+        elif c == "]":
+            depth = False
+        elif c in "^$" and not depth:
+            return True
+        i += 1
+    return False
+
+
 def _span(schema: dict[str, Any]) -> str:
     """The repetition of a free string value's characters: ``minLength``/``maxLength`` when given.
 
-    NOTE: ``pattern`` and ``format`` are not in the value's grammar (a bare value is no JSON string for
-    llguidance's JSON compiler to constrain); the arguments are validated against the schema at the end.
+    NOTE: ``format`` is not in the value's grammar (a bare value is no JSON string for llguidance's JSON
+    compiler to constrain), nor a ``pattern`` ``_pattern`` cannot take; the arguments are validated
+    against the schema at the end.
     """
     low, high = schema.get("minLength"), schema.get("maxLength")
     low = low if isinstance(low, int) and low >= 0 else 0
@@ -102,12 +188,12 @@ class XmlCalls(Syntax):
                     rules.append(f"{name}: {seq(head, choices, m.lark(self.param_close))}")
                 elif close and isinstance(close[0], int):  # a special token ends the value: free text stops there
                     rules.append(f"{name}: {seq(head, f'V_{i}_{j}', m.lark(self.param_close))}")
-                    rules.append(f"V_{i}_{j}: /(?s:.{_span(schema)})/")
+                    rules.append(f"V_{i}_{j}: /{_value(schema)}/")
                 else:  # NOTE: lazy: the value ends at the first occurrence of its closing text
                     end = close[0] if close and isinstance(close[0], str) else ""
                     rest = self.param_close[len(end):]
                     rules.append(f"{name}: {seq(head, f'v_{i}_{j}', m.lark(rest))}")
-                    rules.append(f"v_{i}_{j}[lazy]: /(?s:.{_span(schema)}){regex_text(end)}/")
+                    rules.append(f"v_{i}_{j}[lazy]: /{_value(schema, end)}{regex_text(end)}/")
             rules.append(f"fn_{i}: {seq(literal(f.name), m.lark(self.name_close), *items)}")
         return rules
 

@@ -158,7 +158,8 @@ def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
         if kind not in ("auto", "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
-    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], CHOICES[kind], named, single is not True)
+    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], CHOICES[kind], named, single is not True,
+                          "tools[{}].input_schema")
 
 
 def _thinking(body: Body, max_tokens: int | None) -> None:

@@ -170,7 +170,8 @@ def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
         if mode not in ("auto", "none"):
             raise bad_param("tool_choice", "tool_choice needs tools")
         return None
-    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], mode, named, parallel is not False)
+    return plan_functions([_tool(i, t) for i, t in enumerate(tools)], mode, named, parallel is not False,
+                          "tools[{}].parameters")
 
 
 def _format(body: Body) -> Format | None:

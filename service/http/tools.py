@@ -14,63 +14,34 @@ parses and validates:
 * ``parallel_tool_calls`` (default true): several calls in one answer where the
   family writes several (false: exactly one).
 
-The answer is read as it is generated (``CallReader``): text before the calls is
+The answer is read as it is generated (``CallReader``, over ``service.api.tool_calls``, which the gRPC
+servicer shares): text before the calls is
 the message's content, each call gets an id (``call_<hex>``) and its arguments
 exactly as the model wrote them, validated against the function's schema with
-``jsonschema`` at the end (a failure is a 500, never an invalid call).
+``jsonschema`` at the end, never an invalid call: arguments that break a keyword
+the grammar cannot enforce (``pattern``/``format`` in XML-family string values,
+``not``, ``uniqueItems``, ...) are a 400 ``invalid_request_error`` with code
+``schema_not_enforced`` naming the keyword, where it broke and the tool's
+parameters (``param``: ``tools[i].function.parameters``, or the dialect's name for them).
 """
 
 from __future__ import annotations
 
-import json
 import re
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
-from inference.v1 import inference_pb2 as pb
 
+from service.api import tool_calls
 from service.api.input_limits import DEFAULTS, InputLimits
-from service.chat.calls import Args, Begin, CallSyntaxError, Content, Function, Piece
-from service.chat.reader import Stream
-from service.chat.tool_format import ToolFormat
+from service.api.tool_calls import SCHEMA_NOT_ENFORCED, CallFailed, ToolPlan
+from service.chat.calls import Function
 from service.http.errors import ApiError, bad_param
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}
 Json = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ToolPlan:
-    """How a request's tools shape its output; ``fmt``: the model's tool-call format (set by ``with_format``)."""
-
-    mode: str  # "named" | "required" | "auto"
-    functions: tuple[Function, ...]
-    named: str = ""  # the function of mode "named"
-    parallel: bool = True
-    fmt: ToolFormat | None = None
-
-    @property
-    def allowed(self) -> tuple[Function, ...]:
-        """The functions the answer may call."""
-        return tuple(f for f in self.functions if f.name == self.named) if self.mode == "named" else self.functions
-
-    @property
-    def schemas(self) -> dict[str, dict[str, Any]]:
-        return {f.name: f.parameters for f in self.functions}
-
-    def grammar(self) -> str:
-        """The Lark grammar of the answer in the model's syntax (a named function: one call of it)."""
-        assert self.fmt is not None
-        return self.fmt.grammar(self.allowed, self.mode != "auto", self.parallel and self.mode != "named")
-
-    def protos(self) -> list[pb.Tool]:
-        """The tools as the chat template is given them."""
-        return [pb.Tool(name=f.name, description=f.description, parameters=json.dumps(f.parameters))
-                for f in self.functions]
+__all__ = ["CallReader", "ToolPlan", "check_tool_count", "function", "plan_functions", "plan_tools"]
 
 
 def function(name: Any, params: Any, desc: Any, where_name: str, where_params: str) -> Function:
@@ -126,7 +97,8 @@ def check_tool_count(n: int, limits: InputLimits) -> None:
         raise bad_param("tools", problem)
 
 
-def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bool = True) -> ToolPlan | None:
+def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bool = True,
+                   where: str = "tools[{}].function.parameters") -> ToolPlan | None:
     """The plan of checked functions under ``mode`` ("auto", "required", "named" with ``named``, "none"):
     every dialect's tools end here. None for "none" (the tools are left out of the prompt)."""
     if len({f.name for f in fns}) != len(fns):
@@ -135,72 +107,29 @@ def plan_functions(fns: list[Function], mode: str, named: str = "", parallel: bo
         raise bad_param("tool_choice", f"tool_choice names {named!r}, which is not one of the tools")
     if mode == "none":
         return None
-    return ToolPlan(mode, tuple(fns), named, parallel)
+    return ToolPlan(mode, tuple(fns), named, parallel, where=where)
 
 
-def call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+def invalid(exc: CallFailed, plan: ToolPlan) -> ApiError:
+    """The error of an answer that did not read back into valid calls: arguments that broke a schema keyword
+    the grammar could not enforce are a 400 naming the keyword and the tool's parameters; output off the
+    call syntax is a server bug (500)."""
+    if exc.keyword:
+        return ApiError(400, str(exc), param=plan.param(exc.tool), code=SCHEMA_NOT_ENFORCED)
+    return ApiError(500, f"generated tool call failed validation: {str(exc)[:200]}", type="server_error")
 
 
-def invalid(detail: str) -> ApiError:
-    return ApiError(500, f"generated tool call failed validation: {detail[:200]}", type="server_error")
-
-
-@dataclass
-class CallReader:
-    """One choice's answer read as it is generated: its content and its calls (ids given here), as OpenAI's
-    stream deltas (``feed``) and as the final message (``content``, ``calls``)."""
-
-    plan: ToolPlan
-    stream: Stream
-    content: str = ""
-    calls: list[Json] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, plan: ToolPlan) -> CallReader:
-        assert plan.fmt is not None
-        return cls(plan, plan.fmt.stream(plan.allowed))
+class CallReader(tool_calls.CallReader):
+    """``service.api.tool_calls.CallReader`` whose failures are this dialect's errors (ApiError)."""
 
     def feed(self, text: str) -> tuple[str, list[Json]]:
-        """(new content, tool-call deltas) of the next text; raises ApiError 500 for text off the syntax."""
         try:
-            return self._pieces(self.stream.feed(text))
-        except CallSyntaxError as exc:
-            raise invalid(str(exc)) from None
+            return super().feed(text)
+        except CallFailed as exc:
+            raise invalid(exc, self.plan) from None
 
     def close(self, complete: bool) -> tuple[str, list[Json]]:
-        """The last content and deltas; ``complete`` (finish "stop"): every call is checked against its
-        schema (ApiError 500). A cut-off answer keeps what was read."""
         try:
-            out = self._pieces(self.stream.close())
-        except CallSyntaxError as exc:
-            if complete:
-                raise invalid(str(exc)) from None
-            return "", []
-        if complete:
-            self._validate()
-        return out
-
-    def _pieces(self, pieces: Sequence[Piece]) -> tuple[str, list[Json]]:
-        text, deltas = "", []
-        for p in pieces:
-            if isinstance(p, Content):
-                text += p.text
-            elif isinstance(p, Begin):
-                self.calls.append({"id": call_id(), "type": "function", "function": {"name": p.name, "arguments": ""}})
-                deltas.append({"index": p.index, **json.loads(json.dumps(self.calls[-1]))})
-            elif isinstance(p, Args):
-                self.calls[p.index]["function"]["arguments"] += p.text
-                deltas.append({"index": p.index, "function": {"arguments": p.text}})
-        self.content += text
-        return text, deltas
-
-    def _validate(self) -> None:
-        schemas = self.plan.schemas
-        for call in self.calls:
-            fn = call["function"]
-            try:
-                jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]],
-                                    cls=jsonschema.Draft202012Validator)
-            except (ValueError, KeyError, jsonschema.ValidationError) as exc:
-                raise invalid(str(exc)) from None
+            return super().close(complete)
+        except CallFailed as exc:
+            raise invalid(exc, self.plan) from None

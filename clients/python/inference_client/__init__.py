@@ -4,7 +4,8 @@
   ``generate`` (streamed events), ``generate_many`` (many requests on one
   stream), ``generate_json``, ``cancel``, ``metrics``, ``health``, ``tokenize``,
   ``detokenize``, ``count_tokens``, ``model_info``.
-* Events: :class:`Delta`, :class:`Done` (and :class:`ErrorEvent` on multiplexed streams).
+* Events: :class:`Delta`, :class:`Done` (and :class:`ErrorEvent` on multiplexed streams); with
+  ``tools=``, the model's calls as :class:`ToolCall` (``Delta.tool_calls``, ``Done.tool_calls``).
 * Failures: :class:`InferenceError` with the gRPC status ``code``.
 * Retries: :class:`RetryPolicy` (client side), or gRPC's native retries via
   :func:`retry_service_config` + :func:`channel_options`.
@@ -25,6 +26,7 @@ from .security import secure_credentials, token_metadata
 from .service_config import channel_options, retry_service_config
 from .spec import GenerateOptions, RequestSpec, SamplingOptions
 from .stream import GenerateStream
+from .tools import ToolCall
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -47,6 +49,7 @@ __all__ = [
     "SamplingOptions",
     "StreamEvent",
     "Timing",
+    "ToolCall",
     "Usage",
     "channel_options",
     "format_metrics",

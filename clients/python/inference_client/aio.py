@@ -31,6 +31,7 @@ from .retry import RetryPolicy, acall_with_retry
 from .security import make_aio_channel, with_token
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
 from .stream import StreamRegistry
+from .tools import ToolChoiceLike, ToolLike
 
 
 class AsyncInferenceClient:
@@ -159,10 +160,12 @@ class AsyncInferenceClient:
         *,
         add_special: bool | None = None,
         parse_special: bool | None = None,
+        tools: Sequence[ToolLike] | None = None,
+        tool_choice: ToolChoiceLike | None = None,
         timeout: float | None = None,
     ) -> pb.TokenizeResponse:
         """Token ids and pieces of ``text`` or of ``messages`` rendered exactly as Generate renders them."""
-        request = tokenize_request(text, messages, add_special, parse_special)
+        request = tokenize_request(text, messages, add_special, parse_special, tools, tool_choice)
         return await self._unary(self._stub.Tokenize, request, timeout)
 
     async def count_tokens(
@@ -172,10 +175,12 @@ class AsyncInferenceClient:
         *,
         add_special: bool | None = None,
         parse_special: bool | None = None,
+        tools: Sequence[ToolLike] | None = None,
+        tool_choice: ToolChoiceLike | None = None,
         timeout: float | None = None,
     ) -> pb.CountTokensResponse:
         """The prompt's token count (Generate's usage.prompt_tokens), context size and room left."""
-        request = count_request(text, messages, add_special, parse_special)
+        request = count_request(text, messages, add_special, parse_special, tools, tool_choice)
         return await self._unary(self._stub.CountTokens, request, timeout)
 
     async def detokenize(

@@ -3,6 +3,7 @@
 Commands::
 
     inference-client generate PROMPT [sampling options] [--chat] [--priority batch]
+                              [--tools FILE [--tool-choice CHOICE] [--no-parallel-tool-calls]]
     inference-client json --schema FILE PROMPT [--close | --cut-off] [--raw] [--repeat-penalty X]
     inference-client metrics [--json]
     inference-client health [--service NAME]
@@ -32,8 +33,8 @@ from inference.v1 import inference_pb2 as pb
 
 from .batch_cli import COMMANDS as BATCH_COMMANDS
 from .batch_cli import add_commands as add_batch_commands
-from .cli_input import prompt_input
-from .cli_logprobs import print_result
+from .cli_input import add_tool_options, prompt_input, tool_input
+from .cli_logprobs import call_line, print_result
 from .cli_model import COMMANDS as MODEL_COMMANDS
 from .cli_model import add_commands as add_model_commands
 from .client import DEFAULT_TARGET, InferenceClient
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = gen.add_mutually_exclusive_group()
     fmt.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON Schema")
     fmt.add_argument("--regex", help="constrain the output to this regular expression")
+    add_tool_options(gen)
 
     js = sub.add_parser("json", help="generate one JSON document valid against a schema")
     js.add_argument("--schema", required=True, metavar="FILE", help="JSON Schema file")
@@ -176,6 +178,7 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
         options["regex"] = args.regex
     if args.n is not None:
         options["n"] = args.n
+    options.update(tool_input(args))
     if (args.n or 1) > 1 or args.logprobs or args.echo_prompt_logprobs:
         with client.generate(**prompt_input(args), **options) as generation:
             result = generation.result()
@@ -187,6 +190,8 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
         for event in generation:
             if isinstance(event, Delta):
                 sys.stdout.write(event.text)
+                for call in event.tool_calls:  # NOTE: one JSON line per call, once it is complete
+                    sys.stdout.write(("\n" if event.text else "") + call_line(call) + "\n")
                 sys.stdout.flush()
         if sys.stdout.isatty():
             sys.stdout.write("\n")

@@ -1,11 +1,18 @@
-"""``inference-client generate`` output for several choices and log-probabilities."""
+"""``inference-client generate`` output for several choices, log-probabilities and tool calls."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import TextIO
 
 from .events import Result, TokenLogprob
+from .tools import ToolCall
+
+
+def call_line(call: ToolCall) -> str:
+    """A tool call as one JSON line: ``{"tool_call": {"id", "name", "arguments"}}`` (arguments parsed)."""
+    return json.dumps({"tool_call": {"id": call.id, "name": call.name, "arguments": call.args}}, ensure_ascii=False)
 
 
 def _piece(token: bytes) -> str:
@@ -32,6 +39,9 @@ def print_result(result: Result, out: TextIO = sys.stdout) -> None:
         if several:
             print(f"--- choice {i} ---", file=out)
         print(result.choices[i], file=out)
+        done = result.dones.get(i)
+        for call in done.tool_calls if done is not None else ():
+            print(call_line(call), file=out)
     if result.logprobs:
         total = sum(e.logprob for e in result.logprobs)
         print(f"--- log-probabilities of choice 0 (sum {total:.4f}) ---", file=out)

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from .cli_input import prompt_input
+from .cli_input import add_tool_options, prompt_input, tool_input
 from .client import InferenceClient
 from .model_calls import format_model_info, format_tokens, model_info_to_dict
 
@@ -39,6 +39,7 @@ def _add_text(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         help="parse special-token text such as <|im_start|>; default: as Generate does",
     )
+    add_tool_options(p, choice_only=True)
 
 
 def add_commands(sub: Any) -> None:
@@ -63,7 +64,7 @@ def add_commands(sub: Any) -> None:
 def _text_input(args: argparse.Namespace) -> dict[str, Any]:
     given = prompt_input(args)
     flags = {"add_special": args.add_special, "parse_special": args.parse_special}
-    return {"text": given.get("prompt"), "messages": given.get("messages"), **flags}
+    return {"text": given.get("prompt"), "messages": given.get("messages"), **flags, **tool_input(args)}
 
 
 def cmd_tokenize(client: InferenceClient, args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from .ring import prefix_key
 from .security import make_channel, with_token
 from .spec import GenerateOptions, MessageLike, RequestSpec, SamplingOptions, json_request
 from .stream import GenerateStream, StreamRegistry
+from .tools import ToolChoiceLike, ToolLike
 
 DEFAULT_TARGET = "localhost:50051"
 
@@ -225,10 +226,12 @@ class InferenceClient:
         *,
         add_special: bool | None = None,
         parse_special: bool | None = None,
+        tools: Sequence[ToolLike] | None = None,
+        tool_choice: ToolChoiceLike | None = None,
         timeout: float | None = None,
     ) -> pb.TokenizeResponse:
         """Token ids and pieces of ``text`` or of ``messages`` rendered exactly as Generate renders them."""
-        request = tokenize_request(text, messages, add_special, parse_special)
+        request = tokenize_request(text, messages, add_special, parse_special, tools, tool_choice)
         return self._unary(self._stub.Tokenize, request, timeout)
 
     def count_tokens(
@@ -238,10 +241,12 @@ class InferenceClient:
         *,
         add_special: bool | None = None,
         parse_special: bool | None = None,
+        tools: Sequence[ToolLike] | None = None,
+        tool_choice: ToolChoiceLike | None = None,
         timeout: float | None = None,
     ) -> pb.CountTokensResponse:
         """The prompt's token count (Generate's usage.prompt_tokens), context size and room left."""
-        request = count_request(text, messages, add_special, parse_special)
+        request = count_request(text, messages, add_special, parse_special, tools, tool_choice)
         return self._unary(self._stub.CountTokens, request, timeout)
 
     def detokenize(

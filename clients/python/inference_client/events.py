@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from inference.v1 import inference_pb2 as pb
 
 from .errors import InferenceError, hint_from_message, status_code
+from .tools import ToolCall, calls_from_proto
 
 _FINISH: dict[int, str] = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_CANCELLED: "cancelled",
     pb.FINISH_REASON_CLOSED: "closed",
+    pb.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
@@ -40,7 +42,8 @@ class Delta:
 
     With ``logprobs`` requested, ``logprobs`` has one entry per token id; with
     ``echo_prompt_logprobs``, one delta (before any text) carries ``prompt_logprobs``.
-    ``choice_index`` says which of the ``n`` choices the delta belongs to.
+    ``choice_index`` says which of the ``n`` choices the delta belongs to. With tools, ``text`` is
+    only the answer's text and ``tool_calls`` the calls completed with this delta (each whole, sent once).
     """
 
     text: str
@@ -48,6 +51,7 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
     choice_index: int = 0
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,9 @@ class Timing:
 
 @dataclass(frozen=True)
 class Done:
-    """Last event of a request: ``finish_reason`` is "stop", "length", "cancelled" or "closed"
-    (a JSON document closed early to fit max_tokens: json_finish)."""
+    """Last event of a request: ``finish_reason`` is "stop", "length", "cancelled", "closed"
+    (a JSON document closed early to fit max_tokens: json_finish) or "tool_calls" (the answer ended with
+    calls: ``tool_calls`` lists every call of the choice)."""
 
     finish_reason: str
     usage: Usage = field(default_factory=Usage)
@@ -79,6 +84,7 @@ class Done:
     preemptions: int = 0
     choice_index: int = 0  # a request with n choices ends with n Done events
     cache_hit: bool = False  # replayed from the server's response cache
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ class Result:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     choices: dict[int, str] = field(default_factory=dict)  # text of every choice
     dones: dict[int, Done] = field(default_factory=dict)  # Done of every choice
+    tool_calls: list[ToolCall] = field(default_factory=list)  # choice 0's calls, as they came
 
     def add(self, event: StreamEvent) -> None:
         """Fold one event into the result."""
@@ -119,6 +126,7 @@ class Result:
                 self.text += event.text
                 self.token_ids.extend(event.token_ids)
                 self.logprobs.extend(event.logprobs)
+                self.tool_calls.extend(event.tool_calls)
         elif isinstance(event, Done):
             self.done = event
             self.dones[event.choice_index] = event
@@ -159,7 +167,8 @@ def event_from_proto(resp: pb.GenerateResponse) -> StreamEvent | None:
     if kind == "delta":
         d = resp.delta
         return Delta(
-            d.text, tuple(d.token_ids), _logprobs(d.logprobs), d.choice_index, _logprobs(d.prompt_logprobs)
+            d.text, tuple(d.token_ids), _logprobs(d.logprobs), d.choice_index, _logprobs(d.prompt_logprobs),
+            calls_from_proto(d.tool_calls),
         )
     if kind == "done":
         d = resp.done
@@ -170,6 +179,7 @@ def event_from_proto(resp: pb.GenerateResponse) -> StreamEvent | None:
             d.preemptions,
             d.choice_index,
             d.cache_hit,
+            calls_from_proto(d.tool_calls),
         )
     if kind == "error":
         e = resp.error

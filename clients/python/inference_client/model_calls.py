@@ -12,13 +12,19 @@ from google.protobuf import json_format
 from inference.v1 import inference_pb2 as pb
 
 from .spec import MessageLike, chat_messages
+from .tools import ToolChoiceLike, ToolLike, tool_choice_fields, tool_protos
 
 
 def _text_fields(
-    text: str | None, messages: Sequence[MessageLike] | None, add_special: bool | None, parse_special: bool | None
+    text: str | None, messages: Sequence[MessageLike] | None, add_special: bool | None, parse_special: bool | None,
+    tools: Sequence[ToolLike] | None = None, tool_choice: ToolChoiceLike | None = None,
 ) -> dict[str, Any]:
-    """The fields TokenizeRequest and CountTokensRequest share; unset flags stay unset (server defaults)."""
-    fields: dict[str, Any] = {"text": text or "", "messages": chat_messages(messages)}
+    """The fields TokenizeRequest and CountTokensRequest share; unset flags stay unset (server defaults).
+    ``tools`` and ``tool_choice`` are rendered as Generate renders them (a named function's name is not sent:
+    it does not change the prompt)."""
+    choice = tool_choice_fields(tool_choice).get("tool_choice", pb.TOOL_CHOICE_UNSPECIFIED)
+    fields: dict[str, Any] = {"text": text or "", "messages": chat_messages(messages), "tools": tool_protos(tools),
+                              "tool_choice": choice}
     if add_special is not None:
         fields["add_special"] = add_special
     if parse_special is not None:
@@ -31,9 +37,11 @@ def tokenize_request(
     messages: Sequence[MessageLike] | None = None,
     add_special: bool | None = None,
     parse_special: bool | None = None,
+    tools: Sequence[ToolLike] | None = None,
+    tool_choice: ToolChoiceLike | None = None,
 ) -> pb.TokenizeRequest:
     """A TokenizeRequest: exactly one of ``text`` and ``messages`` (the server checks)."""
-    return pb.TokenizeRequest(**_text_fields(text, messages, add_special, parse_special))
+    return pb.TokenizeRequest(**_text_fields(text, messages, add_special, parse_special, tools, tool_choice))
 
 
 def count_request(
@@ -41,9 +49,11 @@ def count_request(
     messages: Sequence[MessageLike] | None = None,
     add_special: bool | None = None,
     parse_special: bool | None = None,
+    tools: Sequence[ToolLike] | None = None,
+    tool_choice: ToolChoiceLike | None = None,
 ) -> pb.CountTokensRequest:
     """A CountTokensRequest: exactly one of ``text`` and ``messages`` (the server checks)."""
-    return pb.CountTokensRequest(**_text_fields(text, messages, add_special, parse_special))
+    return pb.CountTokensRequest(**_text_fields(text, messages, add_special, parse_special, tools, tool_choice))
 
 
 def detokenize_request(token_ids: Sequence[int], render_special: bool = False) -> pb.DetokenizeRequest:

@@ -15,8 +15,11 @@ from typing import Any, TypedDict, cast
 
 from inference.v1 import inference_pb2 as pb
 
-MessageLike = Mapping[str, str] | tuple[str, str] | pb.ChatMessage
-"""A chat turn: ``{"role": ..., "content": ...}``, ``(role, content)`` or a ChatMessage."""
+from .tools import ToolChoiceLike, ToolLike, call_proto, tool_choice_fields, tool_protos
+
+MessageLike = Mapping[str, Any] | tuple[str, str] | pb.ChatMessage
+"""A chat turn: ``{"role": ..., "content": ...}`` (an assistant's may have ``tool_calls``, a tool result
+``tool_call_id`` and ``name``), ``(role, content)`` or a ChatMessage."""
 
 _PRIORITIES: dict[str, pb.Priority] = {
     "interactive": pb.PRIORITY_INTERACTIVE,
@@ -79,7 +82,10 @@ def chat_messages(messages: Sequence[MessageLike] | None) -> list[pb.ChatMessage
         elif isinstance(m, tuple):
             out.append(pb.ChatMessage(role=m[0], content=m[1]))
         else:
-            out.append(pb.ChatMessage(role=m["role"], content=m["content"]))
+            out.append(pb.ChatMessage(
+                role=m["role"], content=m.get("content") or "", tool_calls=[call_proto(c) for c in m.get("tool_calls") or ()],
+                tool_call_id=m.get("tool_call_id") or "", name=m.get("name") or "",
+            ))
     return out
 
 
@@ -124,6 +130,9 @@ class GenerateOptions(SamplingOptions, total=False):
     regex: str
     lark_grammar: str
     gbnf_grammar: str
+    tools: Sequence[ToolLike]
+    tool_choice: ToolChoiceLike
+    parallel_tool_calls: bool
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,9 @@ class RequestSpec:
     json_repeat_penalty: float | None = None
     raw_prompt: bool = False  # GenerateJSON only: send a bare prompt without the chat template
     pretty: bool = False  # GenerateJSON only: the document indented
+    tools: Sequence[ToolLike] = ()  # functions the model may call (see ``inference_client.tools``)
+    tool_choice: ToolChoiceLike | None = None  # "auto" (None), "required", "none" or a function's name
+    parallel_tool_calls: bool | None = None  # None: the server's default (true)
 
     def sampling(self) -> pb.SamplingParams:
         """The SamplingParams message; unset fields stay unset (server defaults)."""
@@ -204,7 +216,11 @@ class RequestSpec:
             messages=chat_messages(self.messages),
             sampling=self.sampling(),
             priority=priority_value(self.priority),
+            tools=tool_protos(self.tools),
+            **tool_choice_fields(self.tool_choice),
         )
+        if self.parallel_tool_calls is not None:
+            msg.parallel_tool_calls = self.parallel_tool_calls
         fmt = self.response_format()
         if fmt is not None:
             msg.response_format.CopyFrom(fmt)

@@ -94,11 +94,22 @@ def test_streamed_deltas_start_each_call_with_its_name_then_concatenate_to_the_a
         assert pieces == call["function"]["arguments"]
 
 
-def test_a_call_that_does_not_validate_is_a_500() -> None:
+def test_a_call_that_does_not_validate_is_a_400_naming_the_keyword_and_the_tools_parameters() -> None:
     p = plan(None).output.tools
     assert p is not None
     with pytest.raises(ApiError) as info:
         read(p, calls(("get_weather", '{"town": 1}')))
+    e = info.value
+    assert (e.status, e.type, e.code, e.param) == (400, "invalid_request_error", "schema_not_enforced",
+                                                   "tools[0].function.parameters")
+    assert str(e).startswith("the model's output broke `required` at /, a keyword this server checks only after")
+
+
+def test_a_call_of_no_tool_is_off_the_call_syntax_a_500() -> None:
+    p = plan("required").output.tools
+    assert p is not None
+    with pytest.raises(ApiError) as info:
+        read(p, calls(("not_a_tool", "{}")))
     assert (info.value.status, info.value.type) == (500, "server_error")
 
 
@@ -155,4 +166,6 @@ def test_a_call_off_a_keyword_the_grammar_left_out_is_caught_by_the_final_valida
     read(p, calls(("f", '{"b": [1, 2]}')))
     with pytest.raises(ApiError) as info:
         read(p, calls(("f", '{"b": [1, 1]}')))
-    assert info.value.status == 500
+    assert (info.value.status, info.value.code, info.value.param) == (400, "schema_not_enforced",
+                                                                      "tools[0].function.parameters")
+    assert "broke `uniqueItems` at /b," in str(info.value)
