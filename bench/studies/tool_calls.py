@@ -1,7 +1,7 @@
 """Tool calling side by side with llama.cpp's ``llama-server --jinja`` on the same GGUF (issue #36's benchmark).
 
-``flock /tmp/bench.lock .venv/bin/python -m bench.studies.tool_calls [--per-kind 7] [--per-kind-1b 2]
-[--grammar-rounds 4] [--out bench/results/tool_calls.json]``
+``flock /tmp/bench.lock .venv/bin/python -m bench.studies.tool_calls [--per-kind 5] [--per-kind-1b 2]
+[--grammar-rounds 6] [--parts grammar,default,default-own,1.1b] [--out bench/results/tool_calls.json]``
 
 What: the fixed conversations of ``bench.studies.tool_conversations`` (single calls, parallel calls,
 multi-turn with a tool result, irrelevant tools whose answer should be text), ``tool_choice: "auto"``,
@@ -17,7 +17,10 @@ Models: the default model and the 1.1B shape (``make bench-model-1b``), each giv
 chat template for the run: a derived GGUF in a temporary directory (deleted afterwards, never
 committed) whose ``tokenizer.chat_template`` is Qwen 2.5's vendored template (``.chat-templates/``,
 ``make templates``), written by the gguf package's own ``gguf_new_metadata``. Both models share the
-default model's tokenizer, whose ``<|im_start|>``/``<|im_end|>`` that template uses.
+default model's tokenizer, whose ``<|im_start|>``/``<|im_end|>`` that template uses. Part
+"default-own" serves the default model as shipped (its own template renders no tools: this
+server's generic family, llama-server's generic JSON format). ``--parts`` runs some parts only and
+adds them to the last whole run's file (under ``later_runs``: their machine and load).
 
 Also (``grammar_cost``, this server only, the default model as shipped): the auto-mode tool
 grammar's decode cost per token. Arm "tools": a chat with the tools and ``tool_choice: "auto"``;
@@ -225,18 +228,28 @@ def cost_summary(rows: list[dict[str, Any]], rounds: int, per_arm: int) -> dict[
             "overhead_median_of_rounds": statistics.median(pairs), "rows": rows}
 
 
-def measure(per_kind: int, per_kind_1b: int, grammar_rounds: int, per_arm: int = 2) -> dict[str, Any]:
-    """The whole study: the grammar's cost, then each model on both servers (the 1.1B shape when built)."""
-    doc: dict[str, Any] = {"template": TEMPLATE.name, "threads": THREADS, "models": {}}
+PARTS = ("grammar", "default", "default-own", "1.1b")
+
+
+def measure(per_kind: int, per_kind_1b: int, grammar_rounds: int, per_arm: int = 2,
+            parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """The study's ``parts``: the grammar's cost; the default model with Qwen 2.5's template
+    ("default") and with its own ("default-own": this server's generic family, llama-server's generic
+    format); the 1.1B shape with Qwen 2.5's template (when built)."""
+    doc: dict[str, Any] = {"template": TEMPLATE.name, "threads": THREADS, "parts": list(parts), "models": {}}
     with tempfile.TemporaryDirectory(prefix="tool-calls-") as tmp:
-        doc["grammar_cost"] = grammar_cost(grammar_rounds, per_arm)  # NOTE: first: the quietest minutes
-        print(f"grammar cost: {doc['grammar_cost']['overhead_by_medians']:+.1%} by medians", flush=True)
-        small = derive(DEFAULT_MODEL, Path(tmp) / "smollm2-135m-qwen25-template.gguf")
-        doc["models"]["default"] = run_model("135m", small, conversations(per_kind), MAX_TOKENS)
-        if MODEL_1B.is_file():
+        if "grammar" in parts:
+            doc["grammar_cost"] = grammar_cost(grammar_rounds, per_arm)  # NOTE: first: the quietest minutes
+            print(f"grammar cost: {doc['grammar_cost']['overhead_by_medians']:+.1%} by medians", flush=True)
+        if "default" in parts:
+            small = derive(DEFAULT_MODEL, Path(tmp) / "smollm2-135m-qwen25-template.gguf")
+            doc["models"]["default"] = run_model("135m", small, conversations(per_kind), MAX_TOKENS)
+        if "default-own" in parts:
+            doc["models"]["default-own"] = run_model("135m-own", DEFAULT_MODEL, conversations(per_kind), MAX_TOKENS)
+        if "1.1b" in parts and MODEL_1B.is_file():
             big = derive(MODEL_1B, Path(tmp) / "tinyllama-shape-1.1b-qwen25-template.gguf")
             doc["models"]["1.1b"] = run_model("1b", big, conversations(per_kind_1b), MAX_TOKENS_1B)
-        else:
+        elif "1.1b" in parts:
             doc["models"]["1.1b"] = {"skipped": f"{MODEL_1B} missing: run `make bench-model-1b`"}
     doc["load_at_end"] = load_now()
     return doc
@@ -247,14 +260,21 @@ def main() -> None:
     ap.add_argument("--per-kind", type=int, default=5, help="conversations of each kind, default model")
     ap.add_argument("--per-kind-1b", type=int, default=2, help="conversations of each kind on the 1.1B shape")
     ap.add_argument("--grammar-rounds", type=int, default=6)
+    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ", ".join(PARTS))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tool_calls.json")
     args = ap.parse_args()
+    parts = tuple(p for p in PARTS if p in args.parts.split(","))
     t0 = time.monotonic()
     machine = machine_info(DEFAULT_MODEL, False) | {"threads": THREADS}
-    doc = {"machine": machine} | measure(args.per_kind, args.per_kind_1b, args.grammar_rounds)
+    doc = {"machine": machine} | measure(args.per_kind, args.per_kind_1b, args.grammar_rounds, parts=parts)
     doc["elapsed_s"] = round(time.monotonic() - t0, 1)
+    if parts != PARTS and args.out.is_file():  # NOTE: a partial run adds its parts to the last whole run's file
+        whole = json.loads(args.out.read_text())
+        whole["models"].update(doc.pop("models"))
+        whole.setdefault("later_runs", []).append(doc)
+        doc = whole
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out} after {doc['elapsed_s']:.0f} s", flush=True)
+    print(f"wrote {args.out} after {time.monotonic() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
