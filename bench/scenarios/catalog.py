@@ -117,7 +117,7 @@ SCENARIOS = [
     Scenario(
         "R",
         "tool_calls",
-        "Tool calling (tool_choice auto) vs llama.cpp's llama-server --jinja; the auto-mode grammar's cost per token",
+        r_tool_calls.TITLE,
         r_tool_calls,
         900,
     ),

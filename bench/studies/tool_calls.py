@@ -229,6 +229,7 @@ def cost_summary(rows: list[dict[str, Any]], rounds: int, per_arm: int) -> dict[
 
 
 PARTS = ("grammar", "default", "default-own", "1.1b")
+TITLE = "Tool calling (tool_choice auto) vs llama.cpp's llama-server --jinja; the auto-mode grammar's cost per token"
 
 
 def measure(per_kind: int, per_kind_1b: int, grammar_rounds: int, per_arm: int = 2,
@@ -266,16 +267,17 @@ def main() -> None:
     parts = tuple(p for p in PARTS if p in args.parts.split(","))
     t0 = time.monotonic()
     machine = machine_info(DEFAULT_MODEL, False) | {"threads": THREADS}
-    doc = {"machine": machine} | measure(args.per_kind, args.per_kind_1b, args.grammar_rounds, parts=parts)
-    doc["elapsed_s"] = round(time.monotonic() - t0, 1)
+    results = measure(args.per_kind, args.per_kind_1b, args.grammar_rounds, parts=parts)
     if parts != PARTS and args.out.is_file():  # NOTE: a partial run adds its parts to the last whole run's file
-        whole = json.loads(args.out.read_text())
-        whole["models"].update(doc.pop("models"))
-        whole.setdefault("later_runs", []).append(doc)
-        doc = whole
+        doc = json.loads(args.out.read_text())
+        doc["results"]["models"].update(results.pop("models"))
+        doc["results"].setdefault("later_runs", []).append(results | {"machine": machine,
+                                                                      "elapsed_s": round(time.monotonic() - t0, 1)})
+    else:  # NOTE: as bench.run writes scenario R, so bench/results/summary.md picks it up
+        doc = {"scenario": "R", "name": "tool_calls", "title": TITLE, "machine": machine, "results": results,
+               "status": "ok", "elapsed_s": round(time.monotonic() - t0, 1)}
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out} after {time.monotonic() - t0:.0f} s", flush=True)
-
 
 if __name__ == "__main__":
     main()
