@@ -1,4 +1,4 @@
-"""The fixed tool-calling conversations of ``bench.studies.tool_calls`` and how an answer is scored.
+"""The fixed tool-calling conversations of scenario R (``bench.scenarios.r_tool_calls``) and how an answer is scored.
 
 Four kinds, built from a seeded ``random.Random`` (the same set every run):
 
