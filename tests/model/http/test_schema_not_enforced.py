@@ -22,6 +22,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
+from inference_client import InferenceClient, InferenceError
 
 from tests.model.http.conftest import MODEL
 from tests.model.http.test_anthropic_messages import sse_lines
@@ -156,3 +157,11 @@ def test_a_batch_item_that_breaks_its_schema_is_a_400_in_the_error_file(client: 
     response = errors[0]["response"]
     assert response["status_code"] == 400 and response["body"]["error"]["type"] == "invalid_request_error"
     assert UNIQUE in response["body"]["error"]["message"]
+
+
+def test_the_client_library_reports_the_reason(api_server: RunningServer) -> None:
+    with InferenceClient(f"127.0.0.1:{api_server.port}", timeout=300) as client, \
+            pytest.raises(InferenceError) as info:
+        client.generate_json(TAGS, "A JSON value:", temperature=0, max_tokens=32)
+    assert (info.value.code, info.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "schema_not_enforced")
+    assert UNIQUE in info.value.message and not info.value.elsewhere
