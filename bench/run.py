@@ -21,6 +21,8 @@ Scenarios (each starts its own server subprocesses and stops them):
   P http              OpenAI HTTP API vs gRPC vs llama.cpp's llama-server, 1-32 streams (make llama-tools)
   Q prefix_defaults   default flags, 32 system prompts x 8 clients: req/s vs llama-server; a request
                       sharing no prefix, after that load vs on a fresh server (make llama-tools)
+  R tool_calls        tool calling (tool_choice auto) vs llama-server --jinja, default model and the 1.1B
+                      shape with a tool-capable template; the auto grammar's cost per token (make llama-tools)
 
 Each scenario is a module of ``bench/scenarios/`` (its ``run`` and its ``render``), listed in
 ``bench/scenarios/catalog.py``.

@@ -37,6 +37,7 @@ __all__ = [
     "GrammarError",
     "GrammarMatcher",
     "MaskBatch",
+    "SchemaNotEnforced",
     "validate_document",
 ]
 
@@ -61,13 +62,32 @@ class GrammarError(Exception):
     input, naming the feature, and a constraint over the size or complexity
     limits: permanent, a retry gets the same answer), "RESOURCE_EXHAUSTED" (the
     compile timeout, whose compile goes on and is cached, and a parser limit hit
-    while generating) or "INTERNAL" (a token the mask should have excluded, or a
-    final document that fails validation). ``str(e)`` says what was wrong.
+    while generating) or "INTERNAL" (a token the mask should have excluded); a
+    final document that fails validation is ``SchemaNotEnforced``. ``str(e)`` says what was wrong.
     """
 
     def __init__(self, status: str, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class SchemaNotEnforced(GrammarError):
+    """A generated ``json_schema`` document that fails the final validation (INVALID_ARGUMENT).
+
+    The grammar accepts a superset of the schema (``service.grammar.schema.relax``: keywords
+    llguidance cannot enforce are dropped), so a document can comply with the grammar and still
+    break the schema. ``violation`` says where; ``approximations`` what the grammar left out.
+    """
+
+    def __init__(self, violation: gs.Violation, approximations: tuple[str, ...]) -> None:
+        approx = ", ".join(approximations) or "none"
+        super().__init__(
+            "INVALID_ARGUMENT",
+            _short(f"{violation}; the grammar could not enforce it (schema compiled with approximations: {approx})",
+                   400),
+        )
+        self.violation = violation
+        self.approximations = approximations
 
 
 def _status_of(message: str) -> str:
@@ -407,12 +427,10 @@ def validate_document(compiled: CompiledGrammar, text: str) -> None:
 
     Parses ``text`` strictly (no duplicate keys, no NaN/Infinity) and validates it
     with jsonschema against the client's original schema, formats included.
-    Raises GrammarError("INTERNAL", ...) naming the first violation.
+    Raises SchemaNotEnforced naming the first violation's keyword and path.
     """
     if compiled.kind != "json_schema" or compiled._validator is None:
         return
     problem = gs.document_problem(compiled._validator, text)
     if problem is not None:
-        approx = ", ".join(compiled.approximations)
-        note = f" (schema compiled with approximations: {approx})" if approx else ""
-        raise GrammarError("INTERNAL", _short(problem, 300) + note)
+        raise SchemaNotEnforced(problem, compiled.approximations)

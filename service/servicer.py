@@ -24,7 +24,7 @@ from service.api.generate_stream import GenerateStream, StreamLimits
 from service.api.intake import Intake
 from service.api.json_layout import pretty_json
 from service.api.model_rpcs import ModelApi, model_api_for
-from service.api.proto_convert import done_proto, logprob_proto
+from service.api.proto_convert import done_proto, logprob_proto, status_details
 from service.api.readiness import Need, rpc_deadline, unavailable_metadata
 from service.api.stream_backlog import ACKS_METADATA_KEY, acknowledges
 from service.observability.metrics_view import metrics_response
@@ -102,8 +102,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         try:
             schema = await self.intake.grammar.compiled("json_schema", request.json_schema, record=False)
             self.intake.grammar.validate(schema, text)
-        except BadRequest as exc:
-            await context.abort(grpc.StatusCode[exc.status], str(exc))
+        except BadRequest as exc:  # a document that breaks what the grammar could not enforce
+            await _abort(context, Error(exc.status, str(exc), exc.reason))
         d = done_proto(last)
         logprobs = [logprob_proto(e) for ev in events if isinstance(ev, Delta) for e in ev.logprobs]
         return pb.GenerateJSONResponse(
@@ -140,8 +140,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
 
 async def _abort(context: grpc.aio.ServicerContext, e: Error) -> None:
-    """End a unary RPC with the request's error; its retry hint, quota and reason in the trailing metadata."""
-    metadata = [("retry-after-ms", str(e.retry_after_ms))] if e.retry_after_ms else []
+    """End a unary RPC with the request's error; its retry hint, quota and reason in the trailing metadata
+    (the reason as the status detail ``google.rpc.ErrorInfo``; UNAVAILABLE's also under its own key)."""
+    metadata: list[tuple[str, str | bytes]] = [("retry-after-ms", str(e.retry_after_ms))] if e.retry_after_ms else []
     metadata += [(QUOTA_METADATA_KEY, e.quota)] if e.quota else []
-    context.set_trailing_metadata((*metadata, *unavailable_metadata(e.reason)))
+    if e.status == "UNAVAILABLE":
+        metadata += unavailable_metadata(e.reason)
+    context.set_trailing_metadata((*metadata, *status_details(e)))
     await context.abort(grpc.StatusCode[e.status], e.message)

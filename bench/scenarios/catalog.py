@@ -26,6 +26,7 @@ from bench.scenarios import (
     o_replicas,
     p_http,
     q_prefix_defaults,
+    r_tool_calls,
 )
 
 
@@ -112,6 +113,13 @@ SCENARIOS = [
         "Many system prompts at default flags vs llama.cpp's llama-server; a prefix-free request beside them",
         q_prefix_defaults,
         420,
+    ),
+    Scenario(
+        "R",
+        "tool_calls",
+        r_tool_calls.TITLE,
+        r_tool_calls,
+        900,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

@@ -24,8 +24,8 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.call_plan import CallAsk
 from service.api.proto_convert import error_proto, event_proto
-from service.api.tool_calls import SCHEMA_NOT_ENFORCED, CallFailed, CallReader, Json, ToolPlan
-from service.request.events import Delta, Done, Event
+from service.api.tool_calls import CallFailed, CallReader, Json, ToolPlan
+from service.request.events import SCHEMA_NOT_ENFORCED, Delta, Done, Event
 from service.request.sequence import FinishReason
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from service.grammar.json_keys import KeyGuard, KeyVocab
 from service.observability.engine_metrics import EngineMetrics
 from service.request.errors import BadRequest
+from service.request.events import SCHEMA_NOT_ENFORCED
 
 
 class GrammarService:
@@ -72,11 +73,16 @@ class GrammarService:
         return KeyGuard(self.key_vocab) if kind == "json_schema" else None
 
     def validate(self, compiled: Any, text: str) -> None:
-        """Final guarantee: the document validates against its schema (raises BadRequest INTERNAL)."""
+        """Final guarantee: the document validates against its schema; raises BadRequest INVALID_ARGUMENT
+        with reason ``schema_not_enforced`` naming the keyword and path it breaks.
+
+        NOTE: no up-front refusal of a schema the grammar only approximates: its grammar still serves
+        every output that complies; only a document that breaks it ends so.
+        """
         try:
             self._jg.validate_document(compiled, text)
-        except self._jg.GrammarError as exc:
-            raise BadRequest(f"generated document failed validation: {exc}", "INTERNAL") from exc
+        except self._jg.SchemaNotEnforced as exc:
+            raise BadRequest(f"generated document failed validation: {exc}", exc.status, SCHEMA_NOT_ENFORCED) from exc
 
     def cache_stats(self) -> dict[str, Any]:
         return self.compiler.cache.stats()

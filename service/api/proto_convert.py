@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
 from inference.v1 import inference_pb2 as pb
 
 from service.model.logprobs import TokenLogprob
@@ -64,6 +66,22 @@ def error_proto(status: str, message: str, retry_after_ms: int = 0, quota: str =
 def error_of(e: Error) -> pb.Error:
     """An Error event as its proto."""
     return error_proto(e.status, e.message, e.retry_after_ms, e.quota, e.reason)
+
+
+STATUS_DETAILS_KEY = "grpc-status-details-bin"  # google.rpc.Status, as grpcio-status reads it
+ERROR_DOMAIN = "inference.v1"
+
+
+def status_details(e: Error) -> tuple[tuple[str, bytes], ...]:
+    """Trailing metadata of a unary RPC that fails with ``e``: for an error with a reason, the rich
+    status (``google.rpc.Status``) whose one detail is ``google.rpc.ErrorInfo(reason, domain
+    "inference.v1")``, as the Generate stream's ``Error.reason`` carries it; none otherwise."""
+    if not e.reason:
+        return ()
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=e.reason, domain=ERROR_DOMAIN))
+    status = status_pb2.Status(code=grpc.StatusCode[e.status].value[0], message=e.message, details=[info])
+    return ((STATUS_DETAILS_KEY, status.SerializeToString()),)
 
 
 def event_proto(request_id: str, ev: Event) -> pb.GenerateResponse:

@@ -29,8 +29,6 @@ from service.chat.reader import Stream
 from service.chat.tool_format import ToolFormat
 
 Json = dict[str, Any]
-# The code (HTTP) and reason (gRPC Error.reason) of output that broke a schema keyword checked only after generation.
-SCHEMA_NOT_ENFORCED = "schema_not_enforced"
 
 
 @dataclass(frozen=True)

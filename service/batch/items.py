@@ -83,7 +83,8 @@ FINISH = {
 async def outcome(
     events: list[Event], json_item: bool, schema: str, grammar: GrammarService
 ) -> tuple[ItemState, ItemResult]:
-    """The stored state and result of a finished item run (its last event is Done or Error)."""
+    """The stored state and result of a finished item run (its last event is Done or Error); ``schema`` is
+    the JSON Schema its document is checked against ("" for none), ``json_item`` a GenerateJSON item's."""
     last = events[-1]
     text = "".join(e.text for e in events if isinstance(e, Delta))
     if isinstance(last, Error):
@@ -101,7 +102,9 @@ async def outcome(
     )
     if last.finish_reason is FinishReason.CANCELLED:
         return ItemState.CANCELLED, result
-    if json_item:
+    # NOTE: a generate item with a json_schema response format is checked as its live request is (a
+    # document that ended: stop or closed); a cut-off one keeps finish_reason length, as on Generate.
+    if json_item or (schema and last.finish_reason in (FinishReason.STOP, FinishReason.CLOSED)):
         problem = await _json_problem(schema, text, last, grammar)
         if problem is not None:
             return ItemState.FAILED, replace(result, error_status=problem[0], error_message=problem[1])

@@ -288,9 +288,10 @@ class BatchWorker:
 
 
 def _schema(run: Running) -> str:
-    """The JSON Schema a JSON item's document is checked against ("" for other items)."""
+    """The JSON Schema an item's document is checked against (GenerateJSON, or a json_schema response
+    format), "" for other items."""
     ask = run.flight.ask if run.flight is not None else None
-    return ask.fmt[1] if ask is not None and ask.json_mode and ask.fmt is not None else ""
+    return ask.fmt[1] if ask is not None and ask.fmt is not None and ask.fmt[0] == "json_schema" else ""
 
 
 def _job_link(text: str) -> list[trace.Link]:

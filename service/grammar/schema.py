@@ -20,6 +20,7 @@ import json
 import re
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -148,8 +149,28 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def document_problem(validator: Any, text: str) -> str | None:
-    """What is wrong with the JSON document ``text`` under ``validator``, or None if nothing.
+@dataclass(frozen=True)
+class Violation:
+    """Where and how a document breaks its schema: ``keyword`` is the JSON Schema keyword it breaks
+    (``uniqueItems``, ``not``, ...), or ``JSON`` when the text is not a strict JSON document (a key
+    given twice, NaN, cut off); ``path`` is where (a JSON Pointer, ``""`` for the root)."""
+
+    keyword: str
+    path: str
+    detail: str
+
+    def __str__(self) -> str:
+        if self.keyword == "JSON":
+            return f"document is not valid JSON: {self.detail}"
+        return f"document breaks {self.keyword!r} at {self.path or '(root)'}: {self.detail}"
+
+
+def _pointer(parts: Any) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def document_problem(validator: Any, text: str) -> Violation | None:
+    """What is wrong with the JSON document ``text`` under ``validator`` (the first violation), or None.
 
     NOTE: stricter than json.loads: duplicate keys (llguidance does not enforce unique keys
     for additionalProperties, and json.loads would silently keep the last) and NaN/Infinity
@@ -158,17 +179,16 @@ def document_problem(validator: Any, text: str) -> str | None:
     try:
         doc = json.loads(text, object_pairs_hook=unique_keys, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
-        return f"document is not valid JSON: {exc}"
+        return Violation("JSON", "", str(exc))
     try:
         err = next(iter(validator.iter_errors(doc)), None)
     except RecursionError:
-        return "document is nested too deeply to validate"
+        return Violation("JSON", "", "document is nested too deeply to validate")
     except referencing.exceptions.Unresolvable as exc:
-        return f"cannot validate the document: unresolvable $ref {exc}"
+        return Violation("$ref", "", f"cannot validate the document: unresolvable $ref {exc}")
     if err is None:
         return None
-    where = "/".join(str(p) for p in err.absolute_path) or "(root)"
-    return f"document fails the schema at {where}: {err.message}"
+    return Violation(str(err.validator), _pointer(err.absolute_path), err.message)
 
 
 def _walk(node: Any, visit: Callable[[dict[str, Any]], None]) -> None:

@@ -4,8 +4,10 @@ Final checks happen when a choice ends with finish_reason ``stop``:
 
 * with a JSON Schema (``response_format``, or a named / required tool call) the
   document is validated again (``GrammarService.validate``, as GenerateJSON
-  does); a document cut off by ``max_tokens`` keeps finish_reason ``length``
-  and is never validated or presented as a call;
+  does); a document that breaks a keyword the grammar could not enforce is a
+  400 with code ``schema_not_enforced`` (``not_enforced``; streamed: the
+  dialect's error event); a document cut off by ``max_tokens`` keeps
+  finish_reason ``length`` and is never validated or presented as a call;
 * with tools, the output is read in the model's call syntax as it comes
   (``service.http.tools.CallReader``): the text before the calls is the
   message's content, the calls are ``tool_calls`` (each validated against its
@@ -32,6 +34,7 @@ from service.http.run import Run
 from service.http.runs import Runs
 from service.http.tools import CallReader
 from service.request.errors import BadRequest
+from service.request.events import SCHEMA_NOT_ENFORCED
 
 
 class Validator(Protocol):
@@ -43,6 +46,14 @@ class Validator(Protocol):
 
 def event_error(e: pb.Error) -> ApiError:
     return from_status(e.status, e.message, e.retry_after_ms, e.quota, e.reason)
+
+
+def not_enforced(exc: BadRequest, param: str) -> ApiError:
+    """The failed final check of a document (``GrammarService.validate``): a 400 with code
+    ``schema_not_enforced`` naming the format's parameter (any other failure: its own status)."""
+    if exc.reason != SCHEMA_NOT_ENFORCED:
+        return from_status(exc.status, str(exc))
+    return ApiError(400, str(exc), param=param, code=SCHEMA_NOT_ENFORCED)
 
 
 def cancelled() -> ApiError:
@@ -92,7 +103,7 @@ class Answer:
                 compiled = await self.grammar.compiled("json_schema", out.schema, record=False)
                 self.grammar.validate(compiled, c.text)
             except BadRequest as exc:
-                raise ApiError(500, str(exc), type="server_error") from None
+                raise not_enforced(exc, out.schema_param) from None
         return c, text, deltas
 
     async def complete(self, run: Run | Runs) -> Json | None:

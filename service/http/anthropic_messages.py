@@ -226,7 +226,9 @@ def parse_messages(raw: JsonObject, model: str, priority_header: str | None, lim
     sp = _sampling(body, max_tokens, limits)
     priority = sampling.priority(Body({}, ()), priority_header)
     req, schema = chat_request(turns, sp, priority, plan, _format(body), "output_config.format")
-    return Parsed(req, Output(True, model, bool(body.bool_("stream")), schema=schema, tools=plan))
+    output = Output(True, model, bool(body.bool_("stream")), schema=schema, schema_param="output_config.format",
+                    tools=plan)
+    return Parsed(req, output)
 
 
 def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> tuple[list[pb.ChatMessage], list[pb.Tool]]:

@@ -55,6 +55,7 @@ class Output:
     echo: tuple[str, ...] = ()  # completions with echo: each prompt's text, put before its choices' text
     n: int = 0  # completions: choices per prompt (choice i belongs to prompt i // n); 0: one prompt
     score: bool = False  # completions, echo with logprobs: the prompt's tokens lead each choice's logprobs
+    schema_param: str = "response_format"  # the dialect's name of the parameter that gave ``schema``
 
 
 @dataclass(frozen=True)

@@ -255,4 +255,5 @@ def parse_responses(
     sp = sampling.sampling_params(shared, sampling.max_tokens(shared, None), limits)
     req, schema = chat_request(turns, sp, sampling.priority(shared, priority_header), plan, _format(body),
                                "text.format")
-    return ResponsesParsed(req, Output(True, model, stream, schema=schema, tools=plan), echo=_echo(raw, body))
+    output = Output(True, model, stream, schema=schema, schema_param="text.format", tools=plan)
+    return ResponsesParsed(req, output, echo=_echo(raw, body))

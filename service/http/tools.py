@@ -34,9 +34,10 @@ import jsonschema
 
 from service.api import tool_calls
 from service.api.input_limits import DEFAULTS, InputLimits
-from service.api.tool_calls import SCHEMA_NOT_ENFORCED, CallFailed, ToolPlan
+from service.api.tool_calls import CallFailed, ToolPlan
 from service.chat.calls import Function
 from service.http.errors import ApiError, bad_param
+from service.request.events import SCHEMA_NOT_ENFORCED
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 EMPTY_PARAMS: dict[str, Any] = {"type": "object", "properties": {}}

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 class BadRequest(ValueError):
-    """Invalid input; ``status`` is the gRPC status name to answer with (default INVALID_ARGUMENT)."""
+    """Invalid input; ``status`` is the gRPC status name to answer with (default INVALID_ARGUMENT);
+    ``reason`` the machine-readable why when there is one (``service.request.events``' constants)."""
 
-    def __init__(self, message: str, status: str = "INVALID_ARGUMENT") -> None:
+    def __init__(self, message: str, status: str = "INVALID_ARGUMENT", reason: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason
 
 
 class Unavailable(Exception):

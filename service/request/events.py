@@ -61,6 +61,9 @@ class Done:
 DRAINING = "draining"  # the server shuts down (SIGTERM): refused, or cut when the grace period ended
 ENGINE_FAILED = "engine_failed"  # the engine thread died or stalled; the process exits
 LOADING = "loading"  # the model is not loaded yet (an RPC refused at its start)
+# ``Error.reason`` of an INVALID_ARGUMENT: the finished output breaks a rule of its JSON Schema that the
+# grammar could not enforce (a keyword it approximated, e.g. ``uniqueItems``, ``not``); a retry may pass.
+SCHEMA_NOT_ENFORCED = "schema_not_enforced"
 
 
 @dataclass(frozen=True)

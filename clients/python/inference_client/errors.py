@@ -16,6 +16,7 @@ _CODES_BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in 
 _HINT_IN_MESSAGE = re.compile(r"retry after (\d+)\s*ms", re.IGNORECASE)
 RETRY_AFTER_KEY = "retry-after-ms"
 REASON_KEY = "inference-unavailable-reason"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
 # Reasons of an UNAVAILABLE that mean "this replica is going away": safe to send the request to
 # another one when none of its tokens were received.
 ELSEWHERE_REASONS = frozenset({"draining", "engine_failed"})
@@ -48,11 +49,29 @@ def hint_from_metadata(metadata: Any) -> float | None:
 
 
 def reason_from_metadata(metadata: Any) -> str:
-    """The ``inference-unavailable-reason`` trailing-metadata value ("" when absent)."""
+    """The server's reason for a failed RPC ("" when absent): the ``inference-unavailable-reason``
+    trailing-metadata value, else the ``reason`` of a ``google.rpc.ErrorInfo`` status detail
+    (``grpc-status-details-bin``; e.g. GenerateJSON's "schema_not_enforced")."""
     for key, value in metadata or ():
         if key == REASON_KEY:
             return value.decode() if isinstance(value, bytes) else str(value)
+    for key, value in metadata or ():
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
+            return _error_info_reason(value)
     return ""
+
+
+def _error_info_reason(raw: bytes) -> str:
+    """The first ``google.rpc.ErrorInfo`` reason of a serialized ``google.rpc.Status`` ("" if none)."""
+    from google.protobuf.message import DecodeError
+    from google.rpc import error_details_pb2, status_pb2
+
+    try:
+        status = status_pb2.Status.FromString(raw)
+    except DecodeError:
+        return ""
+    info = error_details_pb2.ErrorInfo()
+    return next((info.reason for d in status.details if d.Unpack(info)), "")
 
 
 class InferenceError(Exception):
@@ -64,8 +83,9 @@ class InferenceError(Exception):
         retry_after: the server's retry hint in seconds, if it sent one.
         attempts: how many attempts were made before giving up (1 = no retry).
         request_id: the Generate request the error belongs to, if any.
-        reason: for UNAVAILABLE, the server's machine-readable cause ("draining", "engine_failed",
-            "loading"; "" if none): the first two mean "retry on another replica".
+        reason: the server's machine-readable cause ("" if none): for UNAVAILABLE "draining",
+            "engine_failed" (both mean "retry on another replica") or "loading"; for INVALID_ARGUMENT
+            "schema_not_enforced" (a JSON document broke a schema keyword the grammar could not enforce).
     """
 
     def __init__(
