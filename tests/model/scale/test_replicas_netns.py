@@ -7,7 +7,7 @@ for the next one:
 
 * a job created through A is read, listed, watched and cancelled through B and C; another tenant
   sees nothing of it on any replica; an idempotency key names one job on every replica;
-* 3 replicas share one 300-item job (each replica's worker runs a share; the split is printed);
+* 3 replicas share one 120-item job (each replica's worker runs a share; the split is printed);
 * ``kill -9`` of one replica mid-job: its leased items run again on the others once the lease
   expired (not before); the job completes with exactly one result per custom_id;
 * one replica's link cut mid-job and mid-stream: its streams end UNAVAILABLE, a round_robin
@@ -157,18 +157,21 @@ def test_an_idempotency_key_names_one_job_on_every_replica(hosts: ReplicaHosts) 
 
 
 @pytest.mark.timeout(480)
-def test_three_replicas_share_one_300_item_job(hosts: ReplicaHosts, record_property: Any) -> None:
-    job_id = submit(hosts, 0, "s", 300)
+def test_three_replicas_share_one_120_item_job(hosts: ReplicaHosts, record_property: Any) -> None:
+    # NOTE: 120 items (40 a replica if shared evenly) prove the sharing as 300 did, in 40% of the time;
+    # bench scenario O measures the 300-item job.
+    n = 120
+    job_id = submit(hosts, 0, "s", n)
     t0 = time.monotonic()
     code, events = hosts.cli.call(rc.watch_balanced, hosts.targets, T1, job_id, "", timeout=400)
     elapsed = time.monotonic() - t0
-    assert code == "OK" and events[-1][0] == bpb.BATCH_STATE_COMPLETED and events[-1][1] == 300
-    split = {r: n for r, n in hosts.sql(
+    assert code == "OK" and events[-1][0] == bpb.BATCH_STATE_COMPLETED and events[-1][1] == n
+    split = {r: c for r, c in hosts.sql(
         "SELECT replica, count(*) FROM batch_results WHERE job_id = %s GROUP BY replica ORDER BY replica", job_id)}
-    print(f"\n300 items on 3 replicas in {elapsed:.1f} s: split {split}")
+    print(f"\n{n} items on 3 replicas in {elapsed:.1f} s: split {split}")
     record_property("split", split)
-    assert set(split) == {"r0", "r1", "r2"} and sum(split.values()) == 300
-    assert_one_clean_result_each(hosts, 2, job_id, ids("s", 300))
+    assert set(split) == {"r0", "r1", "r2"} and sum(split.values()) == n
+    assert_one_clean_result_each(hosts, 2, job_id, ids("s", n))
 
 
 def running_on(hosts: ReplicaHosts, job_id: str, replica: str) -> list[str]:
