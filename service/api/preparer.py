@@ -119,7 +119,9 @@ class Preparer:
         seq.tenant = tenant
         # NOTE: with tools the text shows the family's markers (control tokens render as nothing otherwise), so
         # that the calls can be read from it (service.chat.markup)
-        shown = self.builder.shown_bytes if ask.tools else self.builder.vocab.token_bytes
+        # and, for a reasoning model's chat, its thought markers (service.chat.thought reads them)
+        chat_reasons = bool(ask.messages) and self.builder.reasoning is not None
+        shown = self.builder.shown_bytes if ask.tools or chat_reasons else self.builder.vocab.token_bytes
         seq.text = TextStream(shown, plan.params.stop)
         if ask.fmt is not None:
             seq.matcher, seq.grammar = await self.grammar.matcher_for(*ask.fmt)

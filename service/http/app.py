@@ -229,8 +229,10 @@ class HttpApi:
         """OpenAI's model object, and the extension ``chat_format``: how the server speaks the model's chat
         language (GetModelInfoResponse.chat; docs/openai.md, "Tools")."""
         fmt = self.intake.builder.tool_format
+        reasoning = self.intake.builder.reasoning
         chat = {"family": fmt.family.name, "tools": fmt.tools_path, "renders": fmt.renders(),
-                "parallel_tool_calls": fmt.parallel}
+                "parallel_tool_calls": fmt.parallel,
+                "reasoning": reasoning.describe() if reasoning is not None else None}
         return {"id": self.config.model_name, "object": "model", "created": self.created,
                 "owned_by": "cpu-inference-service", "chat_format": chat}
 
