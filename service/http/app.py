@@ -66,7 +66,7 @@ from service.http.config import HttpConfig
 from service.http.dialect import Dialect, OpenAIDialect, check_model, error_response
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
-from service.http.requests import Parsed, with_format, with_vocab
+from service.http.requests import Parsed, with_format, with_reasoning, with_vocab
 from service.http.responses_stream import ResponsesDialect
 from service.http.run import Run, watch_disconnect
 from service.http.runs import Runs
@@ -203,8 +203,10 @@ class HttpApi:
         """Worker thread: the body as the request to run (raises ApiError 400/404); completions' token-id
         prompts checked against the vocabulary."""
         parsed = dialect.parse(body, priority)
+        builder = self.intake.builder
         if parsed.output.tools is not None:  # the grammar of the model's own call syntax
-            parsed = with_format(parsed, self.intake.builder.tool_format)
+            parsed = with_format(parsed, builder.tool_format)
+        parsed = with_reasoning(parsed, builder.reasoning, builder.template.thought_start)  # after the thought
         if dialect is self.completion_dialect:
             vocab = self.intake.builder.vocab
             parsed = with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)

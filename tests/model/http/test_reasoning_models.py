@@ -1,0 +1,129 @@
+"""Reasoning kept apart from the answer, for real: tiny GGUFs of reasoning families (the tiny vocabulary with the
+family's tokens, its real chat template, seeded random weights: built here, never committed) served through the
+official SDKs. The output is forced (a thinking budget with the end marker's logit lowered, so the thought runs to
+the budget; a JSON Schema for the answer), so the thought must come back as ``reasoning_content`` and the answer as
+``content``, streamed and unstreamed alike; the thought is closed at exactly the budget (counted in tokens); the
+schema applies to the answer after the thought; a budget of 0 turns thinking off."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.chat_templates import chat_template
+from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
+from tests.support.tiny_vocab import Family, build
+
+pytestmark = pytest.mark.model
+QWEN = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+DEEPSEEK = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
+THINK = ["<think>", "</think>"]
+# template -> (control tokens, bos, eos, template variables, the prompt opens the thought)
+CASES: dict[str, tuple[list[str], str, str, dict[str, Any], bool]] = {
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1], {"enable_thinking": True},
+                                                 True),
+    "Qwen-Qwen3-0.6B": (QWEN, QWEN[0], QWEN[2], {}, False),
+}
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean", "const": True}}, "required": ["ok"],
+          "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+ASK = [{"role": "user", "content": "Is 2 less than 3?"}]
+BUDGET = 6
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    name = request.param
+    control, bos, eos, _vars, _opens = CASES[name]
+    path = tmp_path_factory.mktemp("reasoning") / f"{name}.gguf"
+    build(path, family=Family(f"{name}-tiny", control, bos, eos, chat_template(name), THINK), weights=11)
+    srv = start_server(model=str(path), http_port=free_port(), ctx=16384)
+    try:
+        yield name, srv
+    finally:
+        srv.close()
+
+
+def think_ids(name: str) -> tuple[int, int]:
+    """The ids of <think> and </think>: the user-defined tokens follow the control tokens (tiny_vocab.build)."""
+    n = len(CASES[name][0])
+    return n, n + 1
+
+
+def forced(name: str, **extra: Any) -> dict[str, Any]:
+    """A request whose thought runs to the budget (the end marker's logit lowered; a template that leaves the
+    opening to the model has <think> raised) and whose answer is the schema's one document."""
+    open_id, close_id = think_ids(name)
+    bias = {str(close_id): -100, **({} if CASES[name][4] else {str(open_id): 100})}
+    body = {"chat_template_kwargs": CASES[name][3], "thinking_budget_tokens": BUDGET, **extra.pop("extra_body", {})}
+    return {"messages": ASK, "max_tokens": 48, "temperature": 0, "logit_bias": bias, "response_format": FORMAT,
+            "extra_body": body, **extra}
+
+
+def client(srv: RunningServer) -> tuple[openai.OpenAI, str]:
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server.http_port}/v1", api_key="unused", max_retries=0,
+                      timeout=600)
+    return c, c.models.list().data[0].id
+
+
+def test_the_models_reasoning_is_reported(served: tuple[str, Any]) -> None:
+    _name, srv = served
+    c, model = client(srv)
+    fmt = (c.models.retrieve(model).model_extra or {})["chat_format"]
+    assert fmt["reasoning"] == {"markers": "think", "open": "<think>", "close": "</think>"}
+
+
+def test_the_thought_is_reasoning_content_and_the_answer_content_streamed_and_not(served: tuple[str, Any]) -> None:
+    name, srv = served
+    c, model = client(srv)
+    whole = c.chat.completions.create(model=model, **forced(name))
+    msg = whole.choices[0].message
+    thought = (msg.model_extra or {}).get("reasoning_content")
+    assert whole.choices[0].finish_reason == "stop", whole
+    assert json.loads(msg.content or "") == {"ok": True}
+    assert thought and "<think>" not in thought and "</think>" not in thought
+    usage = whole.usage
+    assert usage is not None and usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == BUDGET + (1 if CASES[name][4] else 2)
+    chunks = list(c.chat.completions.create(model=model, stream=True, **forced(name)))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == thought
+    assert "".join(d.content or "" for d in deltas) == msg.content
+    first_answer = next(i for i, d in enumerate(deltas) if d.content)
+    assert not any((d.model_extra or {}).get("reasoning_content") for d in deltas[first_answer:])
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert_kv_clean(srv)
+
+
+def test_the_thought_is_closed_at_the_budget_counted_in_tokens(served: tuple[str, Any]) -> None:
+    name, srv = served
+    c, model = client(srv)
+    reply = c.chat.completions.create(model=model, logprobs=True, **forced(name))
+    tokens = [e.token for e in (reply.choices[0].logprobs and reply.choices[0].logprobs.content) or []]
+    opened = 0 if CASES[name][4] else 1  # the model's own <think> first, where the prompt leaves it open
+    assert tokens[:opened] == ["<think>"] * opened
+    assert tokens.index("</think>") == opened + BUDGET, tokens
+    assert "".join(tokens[opened + BUDGET + 1:]).strip() == reply.choices[0].message.content
+
+
+def test_the_schema_applies_to_the_answer_after_the_thought_not_to_the_thought(served: tuple[str, Any]) -> None:
+    name, srv = served
+    c, model = client(srv)
+    reply = c.chat.completions.create(model=model, **forced(name))
+    thought = (reply.choices[0].message.model_extra or {})["reasoning_content"]
+    assert not thought.lstrip().startswith("{")  # the thought is free text, not the document
+    assert json.loads(reply.choices[0].message.content or "") == {"ok": True}
+
+
+def test_a_budget_of_zero_turns_thinking_off(served: tuple[str, Any]) -> None:
+    name, srv = served
+    c, model = client(srv)
+    body = forced(name)
+    body["extra_body"] = {"thinking_budget_tokens": 0}
+    reply = c.chat.completions.create(model=model, **body)
+    assert not (reply.choices[0].message.model_extra or {}).get("reasoning_content")
+    assert json.loads(reply.choices[0].message.content or "") == {"ok": True}
