@@ -19,9 +19,12 @@
   constrained and validated as ``response_format`` is);
 * the extension ``ignore_eos`` (as the chat route takes it);
 * accepted and ignored: ``metadata``, ``service_tier``, ``cache_control``
-  (prefix caching is automatic), ``output_config.effort``, ``thinking`` (the
-  config is checked; this server does not separate a model's reasoning yet,
-  so no thinking block is ever returned).
+  (prefix caching is automatic), ``output_config.effort``;
+* ``thinking``: for a reasoning model (``service.http.reasoning``) ``enabled``
+  sets ``enable_thinking`` and its ``budget_tokens`` as the thinking budget,
+  ``adaptive`` thinking without a budget, ``disabled`` turns it off where the
+  template can; absent, the template's default. The thought is the answer's
+  ``thinking`` block (``service.http.anthropic_stream``).
 
 Every bad field is an ApiError 400 naming it (Anthropic's error shape is
 applied by the route, ``service.http.anthropic_errors``).
@@ -37,7 +40,7 @@ from inference.v1 import inference_pb2 as pb
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
-from service.http.chat_request import Format, chat_request, json_schema
+from service.http.chat_request import Format, chat_request, json_schema, template_kwargs
 from service.http.errors import bad_param
 from service.http.requests import Output, Parsed
 from service.http.tools import ToolPlan, check_tool_count, function, plan_functions
@@ -161,11 +164,14 @@ def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
     return plan_functions([_tool(i, t) for i, t in enumerate(tools)], CHOICES[kind], named, single is not True)
 
 
-def _thinking(body: Body, max_tokens: int | None) -> None:
-    """Checked and otherwise ignored: no reasoning is separated from the answer yet (docs/http-apis.md)."""
+def _thinking(body: Body, max_tokens: int | None) -> tuple[bool, int | None] | None:
+    """The ``thinking`` config as (thinking on, its budget in tokens), None when absent (the template's own
+    default): ``enabled`` with its ``budget_tokens``, ``adaptive`` without a budget, ``disabled`` a budget of
+    0 (off, where the template can turn it off; service.http.reasoning). ``display`` is checked: the thought
+    is always shown."""
     thinking = body.obj("thinking", ("type", "budget_tokens", "display"))
     if thinking is None:
-        return
+        return None
     kind = thinking.str_("type", required=True)
     if kind not in THINKING:
         raise bad_param("thinking.type", f"thinking.type must be one of {', '.join(THINKING)}")
@@ -176,6 +182,9 @@ def _thinking(body: Body, max_tokens: int | None) -> None:
         raise bad_param("thinking.budget_tokens", "'thinking.budget_tokens' is required with type enabled")
     if budget is not None and max_tokens is not None and budget >= max_tokens:
         raise bad_param("thinking.budget_tokens", "thinking.budget_tokens must be less than max_tokens")
+    if kind == "disabled":
+        return False, 0
+    return True, budget if kind == "enabled" else None
 
 
 def _format(body: Body) -> Format | None:
@@ -219,12 +228,17 @@ def parse_messages(raw: JsonObject, model: str, priority_header: str | None, lim
     max_tokens = body.int_("max_tokens", 1, 1 << 30)
     if max_tokens is None:
         raise bad_param("max_tokens", "'max_tokens' is a required property")
-    _thinking(body, max_tokens)
+    thinking = _thinking(body, max_tokens)
     body.obj("metadata", ("user_id",))
     body.str_("service_tier")
     sp = _sampling(body, max_tokens, limits)
     priority = sampling.priority(Body({}, ()), priority_header)
     req, schema = chat_request(turns, sp, priority, plan, _format(body), "output_config.format")
+    if thinking is not None:
+        on, budget = thinking
+        req.chat_template_kwargs = template_kwargs({"enable_thinking": on})
+        if budget is not None:
+            req.sampling.thinking_budget_tokens = budget
     return Parsed(req, Output(True, model, bool(body.bool_("stream")), schema=schema, tools=plan))
 
 

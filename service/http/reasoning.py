@@ -11,7 +11,8 @@ constrained:
   has at most that many tokens, then the family's end marker is forced; 0 turns
   thinking off: ``enable_thinking: false`` unless the request sets it, and a
   prompt that still opens the thought has it closed at once; ``reasoning_effort``
-  is the template's variable of that name, and ``"none"`` is also a budget of 0;
+  is the template's variable of that name, and sets ``enable_thinking`` (unless
+  the request does): true, or false for ``"none"`` (also a budget of 0);
 * a request with a constraint of its own (a JSON Schema ``response_format``, the
   tools' call grammar) has it applied to the answer after the thought: the
   output's grammar is the free thought up to the end marker, then the answer's
@@ -92,10 +93,13 @@ def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: Sta
     sp = request.sampling
     budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
     variables: dict[str, Any] = json.loads(request.chat_template_kwargs) if request.chat_template_kwargs else {}
-    if variables.get("reasoning_effort") == "none" and budget is None:
+    effort = variables.get("reasoning_effort")
+    if effort == "none" and budget is None:
         budget = 0  # NOTE: OpenAI's effort "none": no thought, for templates that know only enable_thinking
-    if budget == 0 and "enable_thinking" not in variables:
-        variables["enable_thinking"] = False
+    if "enable_thinking" not in variables and (budget == 0 or effort is not None):
+        # NOTE: an effort asks for a thought, "none" or a budget of 0 for none: for templates that know only
+        # enable_thinking (DeepSeek R1's, Qwen3's)
+        variables["enable_thinking"] = budget != 0
         request.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
     start = start_of(variables)
     if start is None:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -127,3 +128,66 @@ def test_a_budget_of_zero_turns_thinking_off(served: tuple[str, Any]) -> None:
     reply = c.chat.completions.create(model=model, **body)
     assert not (reply.choices[0].message.model_extra or {}).get("reasoning_content")
     assert json.loads(reply.choices[0].message.content or "") == {"ok": True}
+
+
+def claude(srv: RunningServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{srv.server.http_port}", api_key="unused", max_retries=0,
+                               timeout=600)
+
+
+# NOTE: the Messages and Responses APIs have no logit_bias to make the model open a thought: the family whose
+# prompt opens it
+OPENS = pytest.mark.parametrize("served", [next(n for n, case in CASES.items() if case[4])], indirect=True)
+
+
+@OPENS
+def test_anthropic_thinking_blocks_streamed_with_the_sdks_helper_and_not(served: tuple[str, Any]) -> None:
+    _name, srv = served
+    c = claude(srv)
+    model = c.models.list().data[0].id
+    kw: dict[str, Any] = {"model": model, "max_tokens": 1100, "extra_body": {"temperature": 0}, "messages": ASK,
+                          "thinking": {"type": "enabled", "budget_tokens": 1024},
+                          "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
+    whole = c.messages.create(**kw)
+    kinds = [b.type for b in whole.content]
+    assert kinds == ["thinking", "text"], whole
+    thinking, text = whole.content
+    assert thinking.type == "thinking" and thinking.thinking and thinking.signature == ""
+    assert "</think>" not in thinking.thinking
+    assert text.type == "text" and json.loads(text.text) == {"ok": True}
+    with c.messages.stream(**kw) as s:
+        events = list(s)
+        final = s.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
+    assert "".join(e.delta.thinking for e in events if e.type == "content_block_delta"
+                   and e.delta.type == "thinking_delta") == thinking.thinking
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    off = c.messages.create(**{**kw, "thinking": {"type": "disabled"}})
+    assert [b.type for b in off.content] == ["text"] and json.loads(off.content[0].text) == {"ok": True}
+    assert_kv_clean(srv)
+
+
+@OPENS
+def test_responses_reasoning_item_streamed_through_the_openai_sdk(served: tuple[str, Any]) -> None:
+    _name, srv = served
+    c, model = client(srv)
+    kw: dict[str, Any] = {"model": model, "input": ASK, "max_output_tokens": 48, "temperature": 0,
+                          "text": {"format": {"type": "json_schema", "name": "verdict", "schema": SCHEMA}},
+                          "reasoning": {"effort": "high"}, "extra_body": {"thinking_budget_tokens": BUDGET}}
+    whole = c.responses.create(**kw)
+    kinds = [item.type for item in whole.output]
+    assert kinds == ["reasoning", "message"], whole
+    reasoning = whole.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content and reasoning.content[0].type == "reasoning_text"
+    thought = reasoning.content[0].text
+    assert thought and "</think>" not in thought
+    assert json.loads(whole.output_text) == {"ok": True}
+    assert whole.usage is not None and 0 < whole.usage.output_tokens_details.reasoning_tokens <= BUDGET + 1
+    with c.responses.stream(**kw) as s:
+        events = list(s)
+        final = s.get_final_response()
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert json.loads(final.output_text) == {"ok": True}
+    assert events[-1].type == "response.completed"
