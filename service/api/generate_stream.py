@@ -34,9 +34,11 @@ from service.api.ask import Ask
 from service.api.flight import Flight, Sink
 from service.api.intake import Intake
 from service.api.proto_convert import error_proto, event_proto
+from service.api.reasoning import ThoughtEvents, ThoughtPlan, plan
 from service.api.request_builder import MAX_REQUEST_ID_BYTES
 from service.api.stream_backlog import Backlog, StreamLimits
 from service.api.tolerant_decoding import MALFORMED
+from service.request.errors import BadRequest
 from service.request.events import Error, Event
 
 log = logging.getLogger("service.rpc")
@@ -93,15 +95,24 @@ class GenerateStream:
             self._put_error(rid, "INVALID_ARGUMENT", f"duplicate request_id {rid!r}: a request with it is in flight")
         else:
             self.finished.pop(rid, None)
+            try:  # a reasoning model's chat: its thought apart (service.api.reasoning)
+                thought = plan(req, self.intake.builder.reasoning, self.intake.builder.template.thought_start)
+            except BadRequest as exc:
+                self._put_error(rid, "INVALID_ARGUMENT", str(exc))
+                return
             # NOTE: in the order sent: a request is admitted after the stream's previous one
-            self.last = self.intake.start(Ask.generate(req, self.deadline), self._sink(rid), self.last)
+            self.last = self.intake.start(Ask.generate(req, self.deadline), self._sink(rid, thought), self.last)
             self.active[rid] = self.last
             if self.backlog.paused:
                 self.active[rid].pause(True)
 
-    def _sink(self, rid: str) -> Sink:
+    def _sink(self, rid: str, thought: ThoughtPlan | None = None) -> Sink:
+        split = ThoughtEvents(thought) if thought is not None else None
+
         def sink(event: Event, terminal: bool) -> None:
-            self._put(event_proto(rid, event))
+            msg = event_proto(rid, event)
+            for out in split.events(msg) if split is not None else [msg]:
+                self._put(out)
             if terminal:
                 self._ended(rid)
 

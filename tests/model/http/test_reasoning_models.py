@@ -14,6 +14,8 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from inference_client import InferenceClient
+from inference_client.events import Delta, Done
 
 from tests.support.chat_templates import chat_template
 from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
@@ -191,3 +193,24 @@ def test_responses_reasoning_item_streamed_through_the_openai_sdk(served: tuple[
     assert [item.type for item in final.output] == ["reasoning", "message"]
     assert json.loads(final.output_text) == {"ok": True}
     assert events[-1].type == "response.completed"
+
+
+def test_grpc_generate_keeps_the_thought_in_delta_reasoning_through_the_python_client(served: tuple[str, Any]) -> None:
+    name, srv = served
+    open_id, close_id = think_ids(name)
+    bias = {close_id: -100.0, **({} if CASES[name][4] else {open_id: 100.0})}
+    with InferenceClient(f"127.0.0.1:{srv.port}") as c:
+        info = c.model_info()
+        assert info.chat.reasoning == "think"
+        events = list(c.generate(messages=ASK, max_tokens=48, temperature=0, logit_bias=bias,
+                                 thinking_budget_tokens=BUDGET, json_schema=SCHEMA))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "stop"
+    thought = "".join(d.reasoning for d in deltas)
+    assert thought and "<think>" not in thought and "</think>" not in thought
+    assert json.loads("".join(d.text for d in deltas)) == {"ok": True}
+    assert done.usage.reasoning_tokens == BUDGET + (1 if CASES[name][4] else 2)
+    http, model = client(srv)
+    same = http.chat.completions.create(model=model, **forced(name))
+    assert (same.choices[0].message.model_extra or {})["reasoning_content"] == thought
