@@ -12,14 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import openai
 import pytest
 from inference_client import InferenceClient
 from inference_client.events import Delta, Done
 
-from tests.support.chat_templates import chat_template
-from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
-from tests.support.tiny_vocab import Family, build
+from tests.support.family_models import family_server, openai_client
+from tests.support.server import RunningServer, assert_kv_clean
 
 pytestmark = pytest.mark.model
 QWEN = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -44,12 +42,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     name = request.param
     control, bos, eos, _vars, _opens = CASES[name]
     path = tmp_path_factory.mktemp("reasoning") / f"{name}.gguf"
-    build(path, family=Family(f"{name}-tiny", control, bos, eos, chat_template(name), USER_TOKENS), weights=11)
-    srv = start_server(model=str(path), http_port=free_port(), ctx=16384)
-    try:
+    with family_server(path, name, control, bos, eos, USER_TOKENS, 11) as srv:
         yield name, srv
-    finally:
-        srv.close()
 
 
 def think_ids(name: str) -> tuple[int, int]:
@@ -68,10 +62,7 @@ def forced(name: str, **extra: Any) -> dict[str, Any]:
             "extra_body": body, **extra}
 
 
-def client(srv: RunningServer) -> tuple[openai.OpenAI, str]:
-    c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server.http_port}/v1", api_key="unused", max_retries=0,
-                      timeout=600)
-    return c, c.models.list().data[0].id
+client = openai_client
 
 
 def test_the_models_reasoning_is_reported(served: tuple[str, Any]) -> None:
