@@ -6,8 +6,9 @@
   ``assistant`` turns whose ``content`` is a string or blocks: ``text``,
   ``tool_use`` (assistant; an earlier call, rendered by the model's chat
   template), ``tool_result`` (user; a ``tool`` turn answering its call),
-  ``thinking`` / ``redacted_thinking`` (dropped: Anthropic drops earlier turns'
-  thinking from the context too). Images, documents and every other block are
+  ``thinking`` (the turn's thought: ``ChatMessage.reasoning_content``, passed
+  back by templates that render earlier thoughts, dropped by the others; its
+  ``signature`` is not checked), ``redacted_thinking`` (dropped). Images, documents and every other block are
   a 400 naming the block;
 * ``tools`` (custom tools: ``name``, ``description``, ``input_schema``; server
   tools are a 400 naming their type) and ``tool_choice`` (``auto``, ``any`` =
@@ -71,7 +72,7 @@ def _text_blocks(value: Any, where: str) -> str:
     return "".join(out)
 
 
-Block = tuple[str, Any]  # ("text", str) | ("call", pb.ToolCall) | ("result", pb.ChatMessage) | ("", None)
+Block = tuple[str, Any]  # ("text" | "thought", str) | ("call", pb.ToolCall) | ("result", pb.ChatMessage) | ("", None)
 
 
 def _block(block: Any, where: str, role: str, names: dict[str, str]) -> Block:
@@ -79,8 +80,10 @@ def _block(block: Any, where: str, role: str, names: dict[str, str]) -> Block:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
         return "text", block["text"]
-    if kind in ("thinking", "redacted_thinking") and role == "assistant":
-        return "", None  # NOTE: earlier turns' thinking is not part of the context (as Anthropic does)
+    if kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+        return "thought", block["thinking"]  # NOTE: the signature is not checked: this server gives none
+    if kind == "redacted_thinking" and role == "assistant":
+        return "", None  # NOTE: encrypted by another server: nothing to pass back
     if kind == "tool_use" and role == "assistant":
         if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
             raise bad_param(where, f"{where}: a tool_use block needs name and an input object")
@@ -113,10 +116,11 @@ def _message(i: int, m: Any, names: dict[str, str]) -> list[pb.ChatMessage]:
         raise bad_param(f"{where}.content", f"{where}.content must be a string or an array of content blocks")
     blocks = [_block(b, f"{where}.content[{j}]", role, names) for j, b in enumerate(content)]
     text = "".join(v for kind, v in blocks if kind == "text")
+    thought = "".join(v for kind, v in blocks if kind == "thought")
     calls = [v for kind, v in blocks if kind == "call"]
     out = [v for kind, v in blocks if kind == "result"]
-    if text or calls or not blocks:
-        out.append(pb.ChatMessage(role=role, content=text, tool_calls=calls))
+    if text or calls or thought or not blocks:
+        out.append(pb.ChatMessage(role=role, content=text, tool_calls=calls, reasoning_content=thought))
     return out
 
 

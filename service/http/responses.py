@@ -6,8 +6,10 @@
   ``system``, ``developer``, ``user``, ``assistant``; content a string or
   ``input_text`` / ``output_text`` / ``refusal`` parts), ``function_call`` (the
   assistant's earlier call, a ``tool_calls`` entry of its turn, as the chat
-  route takes it) and ``function_call_output`` (a ``tool`` turn); ``reasoning``
-  items are dropped (a thought is not passed back to the template). Images, files and audio, item
+  route takes it) and ``function_call_output`` (a ``tool`` turn); a
+  ``reasoning`` item's ``reasoning_text`` is the thought of the assistant turn
+  it joins (``ChatMessage.reasoning_content``: passed back by templates that
+  render earlier thoughts), an item without any is dropped. Images, files and audio, item
   references and hosted tools' items are a 400 naming the item. Fields of an
   item the server does not need (``id``, ``status``, annotations) are ignored,
   so an earlier response's output can be sent back as it came;
@@ -111,10 +113,22 @@ def _item(i: int, item: Any, names: dict[str, str]) -> pb.ChatMessage | None:
         cid = _str(item.get("call_id"))
         return pb.ChatMessage(role="tool", content=text, tool_call_id=cid, name=names.get(cid, ""))
     if kind == "reasoning":
-        return None  # NOTE: this server never returns reasoning items; another model's are not its context
+        return _thought(item, where)
     if kind == "item_reference":
         raise bad_param(where, f"{where}: item references need stored items; this server is stateless")
     raise bad_param(f"{where}.type", f"{where}: input items of type {kind!r} are not supported by this server")
+
+
+def _thought(item: Json, where: str) -> pb.ChatMessage | None:
+    """A ``reasoning`` item as the thought of the assistant turn it joins (its ``reasoning_text`` parts; an
+    item with none, e.g. another server's encrypted one, is dropped)."""
+    parts = item.get("content")
+    if parts is None:
+        return None
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise bad_param(f"{where}.content", f"{where}.content must be an array of reasoning_text parts")
+    text = "".join(p["text"] for p in parts if p.get("type") == "reasoning_text")
+    return pb.ChatMessage(role="assistant", reasoning_content=text) if text else None
 
 
 def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
@@ -137,7 +151,8 @@ def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
         if turn.role == "assistant" and turns and turns[-1].role == "assistant":
             last = turns[-1]
             text = "\n".join(t for t in (last.content, turn.content) if t)
-            turns[-1] = pb.ChatMessage(role="assistant", content=text, tool_calls=[*last.tool_calls, *turn.tool_calls])
+            turns[-1] = pb.ChatMessage(role="assistant", content=text, tool_calls=[*last.tool_calls, *turn.tool_calls],
+                                       reasoning_content=last.reasoning_content + turn.reasoning_content)
         else:
             turns.append(turn)
     return turns

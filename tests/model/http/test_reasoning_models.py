@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx2
 import pytest
 from inference_client import InferenceClient
 from inference_client.events import Delta, Done
@@ -236,3 +237,35 @@ def test_grpc_generate_keeps_the_thought_in_delta_reasoning_through_the_python_c
     http, model = client(srv)
     same = http.chat.completions.create(model=model, **forced(name))
     assert (same.choices[0].message.model_extra or {})["reasoning_content"] == thought
+
+
+# template -> it renders an earlier turn's thought (Qwen3's after the last user turn; DeepSeek R1's drops it)
+PASSES_BACK = {"Qwen-Qwen3-0.6B": True, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": False}
+
+
+def test_earlier_thoughts_are_passed_back_where_the_template_renders_them(served: tuple[str, Any]) -> None:
+    name, srv = served
+    _c, model = client(srv)
+    history = [*ASK, {"role": "assistant", "content": "", "reasoning_content": "EARLIER THOUGHT",
+                      "tool_calls": [{"id": "call_1", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "RESULT 12 C"}]
+    with httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=600) as http:
+        r = http.post("/v1/chat/completions/render", json={"model": model, "tools": [WEATHER], "messages": history})
+        assert r.status_code == 200, r.text
+        assert ("EARLIER THOUGHT" in r.json()["prompt"]) is PASSES_BACK[name]
+        assert "RESULT 12 C" in r.json()["prompt"]
+        bad = http.post("/v1/chat/completions", json={"model": model, "messages": [
+            {"role": "user", "content": "Hi", "reasoning_content": "not mine"}]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages[0].reasoning_content"
+    c = claude(srv)
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "RESULT 12 C"}
+    tools: list[Any] = [{"name": "get_weather", "description": "Current weather of a city",
+                         "input_schema": WEATHER["function"]["parameters"]}]
+    turns: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": [call]},
+                        {"role": "user", "content": [result]}]
+    plain = c.messages.count_tokens(model=model, messages=turns, tools=tools).input_tokens
+    turns[1]["content"].insert(0, {"type": "thinking", "thinking": "EARLIER THOUGHT", "signature": ""})
+    with_thought = c.messages.count_tokens(model=model, messages=turns, tools=tools).input_tokens
+    assert (with_thought > plain) is PASSES_BACK[name], (plain, with_thought)

@@ -14,6 +14,8 @@ from typing import Any
 import llguidance as llg
 import pytest
 
+from service.chat.calls import ToolCall
+from service.chat.conversation import Conversation, Turn
 from service.chat.markup import bind
 from service.chat.thinking import MARKERS, Start, Thinking, detect
 from service.chat.thought import ThoughtReader, grammar
@@ -200,3 +202,14 @@ def test_within_the_budget_the_model_ends_its_thought_itself(tiny: Tiny) -> None
 
 def test_a_closed_start_leaves_the_answers_grammar_alone() -> None:
     assert grammar(THINK, bind([], lambda t: [], lambda t: False, str), Start.CLOSED, 5, ANSWER) == ANSWER
+
+
+def test_an_earlier_thought_is_the_templates_reasoning_content_rendered_or_dropped_by_it() -> None:
+    conv = Conversation([Turn("user", "Weather?"), Turn("assistant", "", (ToolCall("w", '{"c": 1}', "c1"),),
+                                                          reasoning="EARLIER <|im_end|> THOUGHT"),
+                         Turn("tool", "12 C", call_id="c1", name="w")])
+    qwen3 = ChatTemplate(chat_template("Qwen-Qwen3-0.6B"), "<s>", "</s>")
+    assert "<think>\nEARLIER <|im_end|> THOUGHT\n</think>" in qwen3.render(conv)
+    assert "EARLIER" not in qwen3.render(conv, lambda s: s.replace("EARLIER", "escaped"))
+    r1 = ChatTemplate(chat_template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B"), "<s>", "</s>")
+    assert "EARLIER" not in r1.render(conv)
