@@ -213,3 +213,20 @@ def test_an_earlier_thought_is_the_templates_reasoning_content_rendered_or_dropp
     assert "EARLIER" not in qwen3.render(conv, lambda s: s.replace("EARLIER", "escaped"))
     r1 = ChatTemplate(chat_template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B"), "<s>", "</s>")
     assert "EARLIER" not in r1.render(conv)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_reasoning_templates_output_reads_back_from_where_its_prompt_leaves_it(name: str) -> None:
+    template = ChatTemplate(chat_template(name), "<s>", "</s>")
+    t = template.thinking
+    assert t is not None
+    for variables in ({"enable_thinking": True}, {"enable_thinking": False}):
+        start = template.thought_start(variables)
+        assert start is not None
+        thought, answer = "Step 1: 2 < 3 ✓, so yes", "Yes: 2 < 3."
+        output = {Start.INSIDE: f"\n{thought}\n{t.close}\n\n{answer}", Start.MAYBE: f"{t.open}\n{thought}{t.close}{answer}",
+                  Start.CLOSED: answer}[start]
+        want = ("", answer) if start is Start.CLOSED else (thought + ("\n" if start is Start.INSIDE else ""), answer)
+        for step in (1, 2, 3, 5, len(output)):
+            _, _, got_thought, got_answer = read(t, start, output, step)
+            assert (got_thought, got_answer) == want, (name, variables, step)
