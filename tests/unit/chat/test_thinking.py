@@ -224,8 +224,8 @@ def test_every_reasoning_templates_output_reads_back_from_where_its_prompt_leave
         start = template.thought_start(variables)
         assert start is not None
         thought, answer = "Step 1: 2 < 3 ✓, so yes", "Yes: 2 < 3."
-        output = {Start.INSIDE: f"\n{thought}\n{t.close}\n\n{answer}", Start.MAYBE: f"{t.open}\n{thought}{t.close}{answer}",
-                  Start.CLOSED: answer}[start]
+        output = {Start.INSIDE: f"\n{thought}\n{t.close}\n\n{answer}",
+                  Start.MAYBE: f"{t.open}\n{thought}{t.close}{answer}", Start.CLOSED: answer}[start]
         want = ("", answer) if start is Start.CLOSED else (thought + ("\n" if start is Start.INSIDE else ""), answer)
         for step in (1, 2, 3, 5, len(output)):
             _, _, got_thought, got_answer = read(t, start, output, step)
