@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
 from inference_client import InferenceClient
+from inference_client.cli import main as cli_main
 from inference_client.events import Delta, Done
 
 from tests.support.family_models import family_server, openai_client
@@ -269,3 +271,16 @@ def test_earlier_thoughts_are_passed_back_where_the_template_renders_them(served
     turns[1]["content"].insert(0, {"type": "thinking", "thinking": "EARLIER THOUGHT", "signature": ""})
     with_thought = c.messages.count_tokens(model=model, messages=turns, tools=tools).input_tokens
     assert (with_thought > plain) is PASSES_BACK[name], (plain, with_thought)
+
+
+@OPENS
+def test_the_cli_prints_the_answer_on_stdout_and_the_thought_on_stderr(served: tuple[str, Any], tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    _name, srv = served
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    code = cli_main(["--target", f"127.0.0.1:{srv.port}", "generate", "--chat", "Is 2 less than 3?", "--max-tokens",
+                     "48", "--temperature", "0", "--thinking-budget", str(BUDGET), "--json-schema", str(schema)])
+    out = capsys.readouterr()
+    assert code == 0 and json.loads(out.out) == {"ok": True}
+    assert "</think>" not in out.err and "reasoning=" in out.err
