@@ -92,8 +92,8 @@ def matched_stop(token_bytes: Sequence[bytes], token_ids: list[int], text: str, 
     if not stops:
         return None
     full = b"".join(token_bytes[t] for t in token_ids).decode("utf-8", errors="replace")
-    if not full.startswith(text):
-        return None
+    if not full.startswith(text):  # NOTE: a reasoning model's answer follows its thought in the tokens
+        return next((s for s in stops if text and text + s in full), None)
     tail = full[len(text):]
     return next((s for s in stops if tail.startswith(s)), None)
 
