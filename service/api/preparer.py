@@ -93,6 +93,8 @@ class Preparer:
                 "stop strings cannot be combined with a JSON Schema: a document cut at a stop string "
                 "would not be valid JSON (the grammar ends the document itself)"
             )
+        if ask.json_mode and ask.sampling.HasField("thinking_budget_tokens"):
+            raise BadRequest("thinking_budget_tokens needs Generate: GenerateJSON does not separate a thought")
         if ask.json_mode and (params.n != 1 or params.echo_prompt_logprobs):
             raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
         return Plan(tuple(ids), params, priority)
