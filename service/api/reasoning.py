@@ -92,10 +92,12 @@ def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: Sta
     """Set up ``request`` for a reasoning model (see the module doc; changes its variables, its budget's
     effect and its response format); the plan its answer is read by, None when the model does not reason or
     the request has no messages. Raises BadRequest."""
-    if reasoning is None or not request.messages:
-        return None
     sp = request.sampling
     budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
+    if budget is not None and not request.messages:
+        raise BadRequest("thinking_budget_tokens needs chat messages (a raw prompt is text to continue)")
+    if reasoning is None or not request.messages:
+        return None  # NOTE: a model that does not reason in markers: a budget has nothing to bound
     variables = _variables(request.chat_template_kwargs)
     effort = variables.get("reasoning_effort")
     if effort == "none" and budget is None:

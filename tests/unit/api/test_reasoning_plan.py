@@ -53,6 +53,9 @@ def test_a_model_that_does_not_reason_and_a_raw_prompt_are_left_alone() -> None:
     assert plan(req, None, Template()) is None
     raw = pb.GenerateRequest(prompt="Once upon a time")
     assert plan(raw, SPECIAL, Template()) is None and not raw.HasField("response_format")
+    raw.sampling.thinking_budget_tokens = 5
+    with pytest.raises(BadRequest, match="thinking_budget_tokens needs chat messages"):
+        plan(raw, SPECIAL, Template())
 
 
 def test_no_budget_and_no_constraint_need_no_grammar() -> None:
