@@ -1,5 +1,10 @@
 """A request's events -> the OpenAI answer: one JSON object, or server-sent event chunks.
 
+A reasoning model's chat (``Output.thought``) is first split into thought and
+answer (``service.chat.thought.ThoughtReader``): the thought is the message's
+``reasoning_content`` (``delta.reasoning_content`` streamed, before the answer's
+chunks), everything below reads the answer alone.
+
 Final checks happen when a choice ends with finish_reason ``stop``:
 
 * with a JSON Schema (``response_format``, or a named / required tool call) the
@@ -100,8 +105,8 @@ class Answer:
         c = self.choices.add_done(d)
         out = self.choices.output
         thought, held = self._thought(d, "", final=True)
-        if out.thought is not None:
-            c.text = self.thoughts[d.choice_index].answer if d.choice_index in self.thoughts else ""
+        if out.thought is not None:  # NOTE: the answer alone (the choice's text held the thought's markers too)
+            c.text = self.thoughts[d.choice_index].answer
         reader = self._reader(d.choice_index)
         text, deltas = held, list[Json]()
         if reader is not None:
