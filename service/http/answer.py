@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from inference.v1 import inference_pb2 as pb
 
+from service.chat.thought import ThoughtReader
 from service.http.errors import ApiError, from_status
-from service.http.reasoning import ThoughtReader
 from service.http.render import Choice, Choices, Json
 from service.http.run import Run
 from service.http.runs import Runs

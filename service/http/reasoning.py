@@ -14,11 +14,11 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.reasoning import StartOf, ThoughtPlan
 from service.api.reasoning import plan as api_plan
-from service.chat.thought import Reasoning, ThoughtReader
+from service.chat.thought import Reasoning
 from service.http.errors import bad_param
 from service.request.errors import BadRequest
 
-__all__ = ["BUDGET", "StartOf", "ThoughtPlan", "ThoughtReader", "budget_of", "plan"]
+__all__ = ["BUDGET", "StartOf", "ThoughtPlan", "budget_of", "plan"]
 BUDGET = "thinking_budget_tokens"
 MAX_BUDGET = 1 << 20
 
