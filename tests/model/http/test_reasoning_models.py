@@ -284,3 +284,18 @@ def test_the_cli_prints_the_answer_on_stdout_and_the_thought_on_stderr(served: t
     out = capsys.readouterr()
     assert code == 0 and json.loads(out.out) == {"ok": True}
     assert "</think>" not in out.err and "reasoning=" in out.err
+
+
+def test_the_render_endpoint_renders_the_prompt_a_budget_asks_for(served: tuple[str, Any]) -> None:
+    name, srv = served
+    _c, model = client(srv)
+    with httpx2.Client(base_url=f"http://127.0.0.1:{srv.server.http_port}", timeout=600) as http:
+        def prompt(**extra: Any) -> str:
+            r = http.post("/v1/chat/completions/render", json={"model": model, "messages": ASK, **extra})
+            assert r.status_code == 200, r.text
+            return str(r.json()["prompt"])
+
+        on, off = prompt(thinking_budget_tokens=BUDGET), prompt(thinking_budget_tokens=0)
+    assert on != off
+    assert on.rstrip().endswith("<think>") is CASES[name][4]  # the prompt opens the thought where it can
+    assert "</think>" in off[-12:]  # thinking off: the template's empty (or closed) thought
