@@ -238,18 +238,22 @@ def parse_messages(raw: JsonObject, model: str, priority_header: str | None, lim
     sp = _sampling(body, max_tokens, limits)
     priority = sampling.priority(Body({}, ()), priority_header)
     req, schema = chat_request(turns, sp, priority, plan, _format(body), "output_config.format")
-    if thinking is not None:
-        on, budget = thinking
-        req.chat_template_kwargs = template_kwargs({"enable_thinking": on})
-        if budget is not None:
-            req.sampling.thinking_budget_tokens = budget
+    req.chat_template_kwargs = _variables(thinking)
+    if thinking is not None and thinking[1] is not None:
+        req.sampling.thinking_budget_tokens = thinking[1]
     return Parsed(req, Output(True, model, bool(body.bool_("stream")), schema=schema, tools=plan))
 
 
-def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> tuple[list[pb.ChatMessage], list[pb.Tool]]:
-    """The turns and tools a ``POST /v1/messages/count_tokens`` body renders; raises ApiError 400."""
+def _variables(thinking: tuple[bool, int | None] | None) -> str:
+    """The template variables of a ``thinking`` config (``enable_thinking``; "" without one)."""
+    return template_kwargs({"enable_thinking": thinking[0]}) if thinking is not None else ""
+
+
+def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> tuple[list[pb.ChatMessage], list[pb.Tool], str]:
+    """The turns, tools and template variables a ``POST /v1/messages/count_tokens`` body renders (the
+    ``thinking`` config's ``enable_thinking``, as ``parse_messages`` sets it); raises ApiError 400."""
     body, turns, plan = _common(raw, COUNT, limits)
-    _thinking(body, None)
+    thinking = _thinking(body, None)
     if plan is not None and _format(body) is not None:
         raise bad_param("output_config.format", "output_config.format cannot be combined with tools")
-    return turns, plan.protos() if plan is not None else []
+    return turns, plan.protos() if plan is not None else [], _variables(thinking)

@@ -158,9 +158,9 @@ class MessagesDialect:
     def count_tokens(self, body: bytes) -> Json:
         """Worker thread: ``{"input_tokens": n}``, the prompt's tokens as Generate would count them."""
         raw = parse_json(body)
-        turns, tools = count_turns(raw, self.limits)
+        turns, tools, kwargs = count_turns(raw, self.limits)
         check_model(raw.get("model"), self.model)
         try:
-            return {"input_tokens": len(self.intake.builder.render_tokens("", turns, tools=tools)[1])}
+            return {"input_tokens": len(self.intake.builder.render_tokens("", turns, tools=tools, kwargs=kwargs)[1])}
         except BadRequest as exc:
             raise ApiError(400, str(exc)) from None

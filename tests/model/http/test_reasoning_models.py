@@ -192,6 +192,9 @@ def test_anthropic_thinking_blocks_streamed_with_the_sdks_helper_and_not(served:
     assert starts == ["thinking", "text"]
     off = c.messages.create(**{**kw, "thinking": {"type": "disabled"}})
     assert [b.type for b in off.content] == ["text"] and json.loads(off.content[0].text) == {"ok": True}
+    for thinking, reply in ((kw["thinking"], whole), ({"type": "disabled"}, off)):  # the prompt each one prefilled
+        counted = c.messages.count_tokens(model=model, messages=ASK, thinking=thinking).input_tokens
+        assert counted == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
     assert_kv_clean(srv)
 
 

@@ -138,9 +138,11 @@ def test_bad_fields_are_400_naming_them(kw: dict[str, Any], param: str) -> None:
 
 
 def test_count_tokens_turns_include_the_tools() -> None:
-    plain, none = count_turns({"model": "m", "messages": USER})
-    turns, tools = count_turns({"model": "m", "messages": USER, "tools": [WEATHER]})
-    assert [m.role for m in plain] == [m.role for m in turns] == ["user"] and none == []
+    plain, none, variables = count_turns({"model": "m", "messages": USER})
+    turns, tools, _ = count_turns({"model": "m", "messages": USER, "tools": [WEATHER]})
+    assert [m.role for m in plain] == [m.role for m in turns] == ["user"] and none == [] and variables == ""
+    thinking = count_turns({"model": "m", "messages": USER, "thinking": {"type": "disabled"}})[2]
+    assert json.loads(thinking) == {"enable_thinking": False}  # as the message itself renders
     assert [t.name for t in tools] == ["get_weather"] and json.loads(tools[0].parameters)["required"] == ["city"]
     with pytest.raises(ApiError) as info:
         count_turns({"model": "m", "messages": USER, "max_tokens": 5})  # not a count_tokens field
