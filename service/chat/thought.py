@@ -110,11 +110,12 @@ class ThoughtReader:
 
 
 def _answer_rules(answer: str | None) -> list[str]:
-    """The answer's grammar with its ``start`` rule renamed ``answer`` (free text when None)."""
+    """The answer's grammar with its ``start`` rule renamed ``rsn_answer`` (free text when None). NOTE: the
+    definition only: a caller's grammar whose start rule refers to itself fails to compile (a 400 there)."""
     source = answer if answer is not None else FREE_ANSWER
     if not _START.search(source):
         raise ValueError("the answer's grammar has no start rule")
-    return [_START.sub("answer:", source, count=1).rstrip("\n")]
+    return [_START.sub("rsn_answer:", source, count=1).rstrip("\n")]
 
 
 def grammar(thinking: Thinking, markup: Markup, start: Start, budget: int | None = None,
@@ -127,12 +128,13 @@ def grammar(thinking: Thinking, markup: Markup, start: Start, budget: int | None
     limit = f"max_tokens={budget}" if budget is not None else ""
     close = markup.lark(thinking.close)
     if markup.is_special(thinking.close):  # NOTE: free text never holds a special token: the model ends it
-        text = f"thought_text[{limit}]: /(?s:.*)/" if limit else "thought_text: /(?s:.*)/"
+        text = f"rsn_text[{limit}]: /(?s:.*)/" if limit else "rsn_text: /(?s:.*)/"
     else:  # NOTE: the text's lexeme stops at the end marker, which the rule then reads (llguidance's outer stop)
-        text = f"thought_text[stop={literal(thinking.close)}{', ' + limit if limit else ''}]: /(?s:.*)/"
-    rules = [f"thought: thought_text {close}", text]
-    head = "start: thought answer" if start is Start.INSIDE else \
-        f"start: answer | {markup.lark(thinking.open)} thought answer"
+        text = f"rsn_text[stop={literal(thinking.close)}{', ' + limit if limit else ''}]: /(?s:.*)/"
+    # NOTE: rsn_* names, not to meet the answer grammar's own rules
+    rules = [f"rsn_thought: rsn_text {close}", text]
+    head = "start: rsn_thought rsn_answer" if start is Start.INSIDE else \
+        f"start: rsn_answer | {markup.lark(thinking.open)} rsn_thought rsn_answer"
     return "\n".join([head, *rules, *_answer_rules(answer)]) + "\n"
 
 

@@ -71,7 +71,7 @@ def test_a_budget_asks_for_a_thought_and_bounds_it_in_the_grammar() -> None:
     assert got is not None and got.start is Start.INSIDE
     assert json.loads(req.chat_template_kwargs) == {"enable_thinking": True}
     grammar = req.response_format.lark_grammar
-    assert "thought_text[max_tokens=5]" in grammar and "<[7]>" in grammar and grammar.startswith("start: thought")
+    assert "rsn_text[max_tokens=5]" in grammar and "<[7]>" in grammar and grammar.startswith("start: rsn_thought")
 
 
 @pytest.mark.parametrize("req", [request(0), request(kwargs={"reasoning_effort": "none"})], ids=["budget-0", "none"])
@@ -85,7 +85,7 @@ def test_a_template_that_cannot_turn_thinking_off_has_the_thought_closed_at_once
     req = request(0)
     got = plan(req, SPECIAL, Template(off=False))
     assert got is not None and got.start is Start.INSIDE
-    assert "thought_text[max_tokens=0]" in req.response_format.lark_grammar
+    assert "rsn_text[max_tokens=0]" in req.response_format.lark_grammar
     maybe = request(0)
     got = plan(maybe, SPECIAL, Template(Start.MAYBE, off=False))
     assert got is not None and got.start is Start.CLOSED  # the model may not open one: the answer alone
@@ -104,7 +104,7 @@ def test_a_json_schema_applies_to_the_answer_after_the_thought() -> None:
     req.sampling.json_finish = pb.JSON_FINISH_CLOSE_WITHIN_BUDGET
     assert plan(req, PLAIN, Template()) is not None
     grammar = req.response_format.lark_grammar
-    assert grammar.index("thought:") < grammar.index("answer: %json")
+    assert grammar.index("rsn_thought:") < grammar.index("rsn_answer: %json")
     assert req.sampling.json_finish == pb.JSON_FINISH_UNSPECIFIED
 
 

@@ -230,3 +230,10 @@ def test_every_reasoning_templates_output_reads_back_from_where_its_prompt_leave
         for step in (1, 2, 3, 5, len(output)):
             _, _, got_thought, got_answer = read(t, start, output, step)
             assert (got_thought, got_answer) == want, (name, variables, step)
+
+
+def test_a_callers_grammar_with_rules_named_like_ours_composes(tiny: Tiny) -> None:
+    own = 'start: answer thought\nanswer: "yes" | "no"\nthought: " because " WORD\nWORD: /[a-z]+/\n'
+    m = tiny.matcher(grammar(THINK, tiny.markup, Start.INSIDE, 32, own))
+    ids = tiny.ids("hmm</think>yes because brain")
+    assert m.validate_tokens(ids) == len(ids) and m.consume_tokens(ids) and m.is_accepting()
