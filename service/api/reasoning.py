@@ -80,12 +80,14 @@ def _answer_grammar(fmt: pb.ResponseFormat) -> str | None:
                      "lark_grammar")
 
 
-def _variables(kwargs: str) -> dict[str, Any]:
+def _variables(kwargs: str) -> dict[str, Any] | None:
+    """The request's template variables; None when they are not a JSON object (preparation refuses them with
+    its own message, so they are left as they are)."""
     try:
         value = json.loads(kwargs) if kwargs else {}
     except (ValueError, RecursionError):
-        return {}  # NOTE: preparation refuses it with its own message
-    return value if isinstance(value, dict) else {}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf) -> ThoughtPlan | None:
@@ -98,11 +100,12 @@ def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: Sta
         raise BadRequest("thinking_budget_tokens needs chat messages (a raw prompt is text to continue)")
     if reasoning is None or not request.messages:
         return None  # NOTE: a model that does not reason in markers: a budget has nothing to bound
-    variables = _variables(request.chat_template_kwargs)
+    given = _variables(request.chat_template_kwargs)
+    variables = given if given is not None else {}
     effort = variables.get("reasoning_effort")
     if effort == "none" and budget is None:
         budget = 0  # NOTE: OpenAI's effort "none": no thought, for templates that know only enable_thinking
-    if "enable_thinking" not in variables and (budget is not None or effort is not None):
+    if given is not None and "enable_thinking" not in variables and (budget is not None or effort is not None):
         # NOTE: a budget or an effort asks for a thought, "none" or a budget of 0 for none: for templates that
         # know only enable_thinking (DeepSeek R1's, Qwen3's)
         variables["enable_thinking"] = budget != 0

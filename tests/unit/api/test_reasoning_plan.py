@@ -91,6 +91,12 @@ def test_a_template_that_cannot_turn_thinking_off_has_the_thought_closed_at_once
     assert got is not None and got.start is Start.CLOSED  # the model may not open one: the answer alone
 
 
+def test_variables_that_are_not_an_object_are_left_for_preparation_to_refuse() -> None:
+    req = request(5)
+    req.chat_template_kwargs = "{not json"
+    assert plan(req, SPECIAL, Template()) is not None and req.chat_template_kwargs == "{not json"
+
+
 def test_the_request_own_variables_win() -> None:
     req = request(5, {"enable_thinking": False})
     template = Template()
