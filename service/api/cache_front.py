@@ -58,7 +58,8 @@ def semantic_messages(ask: Ask) -> list[tuple[str, str]]:
     if ask.template_kwargs:
         out.append(("chat_template_kwargs", ask.template_kwargs))
     for m in ask.messages:
-        extra = [m.tool_call_id, m.name, *(f"{c.id}\x00{c.name}\x00{c.arguments}" for c in m.tool_calls)]
+        extra = [m.tool_call_id, m.name, *(f"{c.id}\x00{c.name}\x00{c.arguments}" for c in m.tool_calls),
+                 m.reasoning_content]
         out.append((m.role, "\x00".join([m.content, *extra]) if any(extra) else m.content))
     return out
 

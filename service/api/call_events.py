@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from inference.v1 import inference_pb2 as pb
 
 from service.api.call_plan import CallAsk
-from service.api.proto_convert import error_proto, event_proto
+from service.api.proto_convert import error_proto
 from service.api.tool_calls import CallFailed, CallReader, Json, ToolPlan
-from service.request.events import SCHEMA_NOT_ENFORCED, Delta, Done, Event
-from service.request.sequence import FinishReason
+from service.request.events import SCHEMA_NOT_ENFORCED
 
 
 def call_protos(calls: Sequence[Json]) -> list[pb.ToolCall]:
@@ -48,40 +47,44 @@ class CallEvents:
         self.readers: dict[int, CallReader] = {}
         self.failed = False
 
-    def protos(self, rid: str, ev: Event) -> list[pb.GenerateResponse]:
-        """The messages of one event (an error of the request's calls instead: ``failed`` is then set)."""
-        plan = self.ask.plan
-        if plan is None or not isinstance(ev, Delta | Done):  # no calls to read; errors pass as they are
-            return [event_proto(rid, ev)]
-        if ev.choice_index not in self.readers:
-            self.readers[ev.choice_index] = CallReader.of(plan)
-        reader = self.readers[ev.choice_index]
+    def messages(self, msg: pb.GenerateResponse) -> list[pb.GenerateResponse]:
+        """The messages of one event's message (an error of the request's calls instead: ``failed`` is then
+        set; none once it is). NOTE: read after a reasoning model's thought is split off (``Delta.text``
+        is then the answer alone, ``service.api.reasoning.ThoughtEvents``)."""
+        plan, kind = self.ask.plan, msg.WhichOneof("event")
+        if self.failed:
+            return []
+        if plan is None or kind not in ("delta", "done"):  # no calls to read; errors pass as they are
+            return [msg]
+        index = msg.delta.choice_index if kind == "delta" else msg.done.choice_index
+        if index not in self.readers:
+            self.readers[index] = CallReader.of(plan)
+        reader = self.readers[index]
         try:
-            return self._delta(rid, ev, reader) if isinstance(ev, Delta) else self._done(rid, ev, reader)
+            return self._delta(msg, reader) if kind == "delta" else self._done(msg, reader)
         except CallFailed as exc:
             self.failed = True
-            return [pb.GenerateResponse(request_id=rid, error=call_error(exc, plan))]
+            return [pb.GenerateResponse(request_id=msg.request_id, error=call_error(exc, plan))]
 
     @staticmethod
-    def _delta(rid: str, d: Delta, reader: CallReader) -> list[pb.GenerateResponse]:
-        text, _ = reader.feed(d.text)
-        msg = event_proto(rid, d)
+    def _delta(msg: pb.GenerateResponse, reader: CallReader) -> list[pb.GenerateResponse]:
+        text, _ = reader.feed(msg.delta.text)
         msg.delta.text = text
         msg.delta.tool_calls.extend(call_protos(reader.complete_calls(ended=False)))
         return [msg]
 
     @staticmethod
-    def _done(rid: str, d: Done, reader: CallReader) -> list[pb.GenerateResponse]:
-        stop = d.finish_reason is FinishReason.STOP
+    def _done(msg: pb.GenerateResponse, reader: CallReader) -> list[pb.GenerateResponse]:
+        d = msg.done
+        stop = d.finish_reason == pb.FINISH_REASON_STOP
         text, _ = reader.close(stop)
         last = call_protos(reader.complete_calls(ended=True)) if stop else []
         out = []
         if text or last:  # what the end of the answer completed, before its Done
             delta = pb.Delta(text=text, choice_index=d.choice_index, tool_calls=last)
-            out.append(pb.GenerateResponse(request_id=rid, delta=delta))
-        msg = event_proto(rid, d)
-        msg.done.tool_calls.extend(call_protos(reader.calls[: reader.handed]))
+            out.append(pb.GenerateResponse(request_id=msg.request_id, delta=delta))
+        d.tool_calls.extend(call_protos(reader.calls[: reader.handed]))
         if stop and reader.calls:
-            msg.done.finish_reason = pb.FINISH_REASON_TOOL_CALLS
+            d.finish_reason = pb.FINISH_REASON_TOOL_CALLS
         out.append(msg)
         return out

@@ -36,7 +36,7 @@ def chars(messages: Sequence[pb.ChatMessage], tools: Sequence[pb.Tool], kwargs: 
     """The characters of every string the template may render (a bound for the size check)."""
     n = len(kwargs)
     for m in messages:
-        n += len(m.content) + len(m.tool_call_id) + len(m.name)
+        n += len(m.content) + len(m.tool_call_id) + len(m.name) + len(m.reasoning_content)
         n += sum(len(c.id) + len(c.name) + len(c.arguments) for c in m.tool_calls)
     return n + sum(len(t.name) + len(t.description) + len(t.parameters) for t in tools)
 
@@ -44,11 +44,13 @@ def chars(messages: Sequence[pb.ChatMessage], tools: Sequence[pb.Tool], kwargs: 
 def _turn(i: int, m: pb.ChatMessage) -> Turn:
     if m.tool_calls and m.role != "assistant":
         raise BadRequest(f"messages[{i}].tool_calls: only assistant turns make calls")
+    if m.reasoning_content and m.role != "assistant":
+        raise BadRequest(f"messages[{i}].reasoning_content: only assistant turns have thoughts")
     calls = tuple(ToolCall(c.name, c.arguments, c.id) for c in m.tool_calls)
     for j, c in enumerate(calls):
         if not NAME.match(c.name):
             raise BadRequest(f"messages[{i}].tool_calls[{j}].name must be 1-64 characters of a-z, A-Z, 0-9, _ and -")
-    return Turn(m.role, m.content, calls, m.tool_call_id, m.name)
+    return Turn(m.role, m.content, calls, m.tool_call_id, m.name, m.reasoning_content)
 
 
 def _function(i: int, t: pb.Tool) -> Function:

@@ -35,9 +35,11 @@ from service.api.call_events import CallEvents
 from service.api.flight import Flight, Sink
 from service.api.intake import Intake
 from service.api.proto_convert import error_proto, event_proto
+from service.api.reasoning import ThoughtEvents, ThoughtPlan, plan
 from service.api.request_builder import MAX_REQUEST_ID_BYTES
 from service.api.stream_backlog import Backlog, StreamLimits
 from service.api.tolerant_decoding import MALFORMED
+from service.request.errors import BadRequest
 from service.request.events import Error, Event
 
 log = logging.getLogger("service.rpc")
@@ -94,27 +96,37 @@ class GenerateStream:
             self._put_error(rid, "INVALID_ARGUMENT", f"duplicate request_id {rid!r}: a request with it is in flight")
         else:
             self.finished.pop(rid, None)
+            try:  # a reasoning model's chat: its thought apart (service.api.reasoning)
+                thought = plan(req, self.intake.builder.reasoning, self.intake.builder.template.thought_start)
+            except BadRequest as exc:
+                self._put_error(rid, "INVALID_ARGUMENT", str(exc))
+                return
             # NOTE: in the order sent: a request is admitted after the stream's previous one
             ask = Ask.generate(req, self.deadline)
             calls = CallEvents(ask.calls) if ask.calls is not None else None
-            self.last = self.intake.start(ask, self._sink(rid, calls), self.last)
+            self.last = self.intake.start(ask, self._sink(rid, calls, thought), self.last)
             self.active[rid] = self.last
             if self.backlog.paused:
                 self.active[rid].pause(True)
 
-    def _sink(self, rid: str, calls: CallEvents | None) -> Sink:
+    def _sink(self, rid: str, calls: CallEvents | None, thought: ThoughtPlan | None) -> Sink:
+        split = ThoughtEvents(thought) if thought is not None else None
+
         def sink(event: Event, terminal: bool) -> None:
-            if calls is None:
-                self._put(event_proto(rid, event))
-            elif not calls.failed:  # NOTE: a request that failed on its calls has had its terminal event
-                for msg in calls.protos(rid, event):
-                    self._put(msg)
+            msgs = [event_proto(rid, event)]
+            if split is not None:  # the thought first: calls are read from the answer alone
+                msgs = [out for msg in msgs for out in split.events(msg)]
+            if calls is not None:
+                failed = calls.failed  # NOTE: a request that failed on its calls has had its terminal event
+                msgs = [out for msg in msgs for out in calls.messages(msg)]
+                if failed:
+                    return
                 if calls.failed and not terminal:  # its error is the terminal event: the rest is stopped
                     terminal = True
                     if (flight := self.active.get(rid)) is not None:
                         flight.cancel()
-            else:
-                return
+            for msg in msgs:
+                self._put(msg)
             if terminal:
                 self._ended(rid)
 

@@ -200,8 +200,10 @@ class ModelApi:
 
     def _chat(self) -> pb.ChatFormat:
         fmt = self.builder.tool_format
+        reasoning = self.builder.reasoning
         return pb.ChatFormat(family=fmt.family.name, tools=fmt.tools_path, renders=fmt.renders(),
-                             parallel_tool_calls=fmt.parallel)
+                             parallel_tool_calls=fmt.parallel,
+                             reasoning=reasoning.thinking.name if reasoning is not None else "")
 
     def _limits(self) -> pb.RequestLimits:
         return pb.RequestLimits(

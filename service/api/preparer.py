@@ -95,6 +95,8 @@ class Preparer:
                 "stop strings cannot be combined with a JSON Schema: a document cut at a stop string "
                 "would not be valid JSON (the grammar ends the document itself)"
             )
+        if ask.json_mode and ask.sampling.HasField("thinking_budget_tokens"):
+            raise BadRequest("thinking_budget_tokens needs Generate: GenerateJSON does not separate a thought")
         if ask.json_mode and (params.n != 1 or params.echo_prompt_logprobs):
             raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
         return Plan(tuple(ids), params, priority)
@@ -121,7 +123,9 @@ class Preparer:
         seq.tenant = tenant
         # NOTE: with tools the text shows the family's markers (control tokens render as nothing otherwise), so
         # that the calls can be read from it (service.chat.markup)
-        shown = self.builder.shown_bytes if ask.tools else self.builder.vocab.token_bytes
+        # and, for a reasoning model's chat, its thought markers (service.chat.thought reads them)
+        chat_reasons = bool(ask.messages) and self.builder.reasoning is not None
+        shown = self.builder.shown_bytes if ask.tools or chat_reasons else self.builder.vocab.token_bytes
         seq.text = TextStream(shown, plan.params.stop)
         if (fmt := ask.constraint) is not None:
             seq.matcher, seq.grammar = await self.grammar.matcher_for(*fmt)

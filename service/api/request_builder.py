@@ -16,7 +16,8 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.chat_input import chars, conversation
 from service.api.input_limits import InputLimits
-from service.chat.markup import bind
+from service.chat.markup import Markup, bind
+from service.chat.thought import Reasoning
 from service.chat.tool_format import ToolFormat
 from service.model.chat import ChatTemplate, ChatTemplateError
 from service.model.logprobs import MAX_TOP_LOGPROBS
@@ -81,15 +82,26 @@ class RequestBuilder:
     def tool_format(self) -> ToolFormat:
         """The model's tool-call family, its markers placed in this vocabulary (``service.chat.tool_format``)."""
         family = self.template.family
-        markup = bind(family.syntax.markers(), lambda text: self.vocab.tokenize(text, False, True),
-                      self._is_special, lambda t: self.vocab.piece(t, special=True).decode("utf-8", "replace"))
-        return ToolFormat(family, markup, self.template.caps)
+        return ToolFormat(family, self._bind(family.syntax.markers()), self.template.caps)
+
+    def _bind(self, markers: Sequence[str]) -> Markup:
+        return bind(markers, lambda text: self.vocab.tokenize(text, False, True), self._is_special,
+                    lambda t: self.vocab.piece(t, special=True).decode("utf-8", "replace"))
+
+    @functools.cached_property
+    def reasoning(self) -> Reasoning | None:
+        """The model's reasoning markers in this vocabulary (None: it does not reason in markers)."""
+        thinking = self.template.thinking
+        return None if thinking is None else Reasoning(thinking, self._bind([thinking.open, thinking.close]))
 
     @functools.cached_property
     def shown_bytes(self) -> list[bytes]:
-        """Each token's bytes as a request with tools sees them: the family's markers as their text."""
+        """Each token's bytes as a chat request sees them: the family's call and thought markers as their text."""
         out = list(self.vocab.token_bytes)
-        for token, text in self.tool_format.markup.shown().items():
+        shown = dict(self.tool_format.markup.shown())
+        if self.reasoning is not None:
+            shown.update(self.reasoning.markup.shown())
+        for token, text in shown.items():
             out[token] = text
         return out
 

@@ -48,6 +48,7 @@ class Turn:
     calls: tuple[ToolCall, ...] = ()
     call_id: str = ""
     name: str = ""
+    reasoning: str = ""  # assistant: its thought, the template's ``reasoning_content`` (rendered or dropped by it)
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,16 @@ class Builder:
 
     def assistant(self, t: Turn) -> None:
         content = self.esc(t.content)
+        # NOTE: Hugging Face's name for an earlier thought; a template that does not read it drops it
+        thought = {"reasoning_content": self.esc(t.reasoning)} if t.reasoning else {}
         if not t.calls:
-            self.add({"role": "assistant", "content": content})
+            self.add({"role": "assistant", "content": content, **thought})
         elif not self.caps.calls:
             text = self.family.syntax.render(t.calls, self.esc)
-            self.add({"role": "assistant", "content": f"{content}\n{text}" if content else text})
+            self.add({"role": "assistant", "content": f"{content}\n{text}" if content else text, **thought})
         else:
-            self.add({"role": "assistant", "content": content, "tool_calls": [self.call(c) for c in t.calls]})
+            self.add({"role": "assistant", "content": content, "tool_calls": [self.call(c) for c in t.calls],
+                      **thought})
 
     def result(self, t: Turn) -> None:
         if self.caps.results:
@@ -158,7 +162,7 @@ class Builder:
             results.append(turns[j])
             j += 1
         for k, c in enumerate(t.calls):
-            self.assistant(Turn("assistant", t.content if k == 0 else "", (c,)))
+            self.assistant(Turn("assistant", t.content if k == 0 else "", (c,), reasoning=t.reasoning if k == 0 else ""))
             match = next((r for r in results if r.call_id and r.call_id == c.id), None)
             match = match or next((r for r in results if not r.call_id), None) or (results[0] if results else None)
             if match is not None:

@@ -1,5 +1,10 @@
 """A request's events -> the OpenAI answer: one JSON object, or server-sent event chunks.
 
+A reasoning model's chat (``Output.thought``) is first split into thought and
+answer (``service.chat.thought.ThoughtReader``): the thought is the message's
+``reasoning_content`` (``delta.reasoning_content`` streamed, before the answer's
+chunks), everything below reads the answer alone.
+
 Final checks happen when a choice ends with finish_reason ``stop``:
 
 * with a JSON Schema (``response_format``, or a named / required tool call) the
@@ -28,6 +33,7 @@ from typing import Any, Protocol
 
 from inference.v1 import inference_pb2 as pb
 
+from service.chat.thought import ThoughtReader
 from service.http.errors import ApiError, from_status
 from service.http.render import Choice, Choices, Json
 from service.http.run import Run
@@ -69,6 +75,22 @@ class Answer:
     grammar: Validator
     state: dict[int, dict[str, Any]] = field(default_factory=dict)
     readers: dict[int, CallReader] = field(default_factory=dict)
+    thoughts: dict[int, ThoughtReader] = field(default_factory=dict)
+
+    def _thought(self, d: pb.Delta | pb.Done, text: str, final: bool = False) -> tuple[str, str]:
+        """(thought, answer) of a choice's next text (a reasoning model's chat), its tokens counted as
+        reasoning while the output is in the thought; (``""``, text) for other requests."""
+        plan = self.choices.output.thought
+        if plan is None:
+            return "", text
+        reader = self.thoughts.setdefault(d.choice_index, plan.reader())
+        thinking = reader.thinking_now
+        thought, answer = reader.close() if final else reader.feed(text)
+        c = self.choices.get(d.choice_index)
+        c.reasoning = reader.thought
+        if isinstance(d, pb.Delta) and (thinking or thought):
+            self.choices.reasoning_tokens += plan.thought_tokens(list(d.token_ids), reader.thinking_now)
+        return thought, answer
 
     def _reader(self, index: int) -> CallReader | None:
         """Choice ``index``'s reader of calls (None: no tools)."""
@@ -79,22 +101,29 @@ class Answer:
             self.readers[index] = CallReader.of(plan)
         return self.readers[index]
 
-    def _read(self, d: pb.Delta) -> tuple[Choice, str, list[Json]]:
-        """A delta recorded: (its choice, its new content, its tool-call deltas)."""
+    def _read(self, d: pb.Delta) -> tuple[Choice, str, str, list[Json]]:
+        """A delta recorded: (its choice, its new thought, its new content, its tool-call deltas)."""
         c = self.choices.add_delta(d)
+        thought, text = self._thought(d, d.text)
         reader = self._reader(d.choice_index)
-        return (c, d.text, []) if reader is None else (c, *reader.feed(d.text))
+        return (c, thought, text, []) if reader is None else (c, thought, *reader.feed(text))
 
-    async def finish(self, d: pb.Done) -> tuple[Choice, str, list[Json]]:
-        """Record a choice's Done and run its final checks: (the choice, its last content, its last tool-call
-        deltas); raises ApiError."""
+    async def finish(self, d: pb.Done) -> tuple[Choice, str, str, list[Json]]:
+        """Record a choice's Done and run its final checks: (the choice, its last thought, its last content, its
+        last tool-call deltas); raises ApiError."""
         if d.finish_reason == pb.FINISH_REASON_CANCELLED:
             raise cancelled()
         c = self.choices.add_done(d)
         out = self.choices.output
+        thought, held = self._thought(d, "", final=True)
+        if out.thought is not None:  # NOTE: the answer alone (the choice's text held the thought's markers too)
+            c.text = self.thoughts[d.choice_index].answer
         reader = self._reader(d.choice_index)
-        text, deltas = reader.close(c.finish == "stop") if reader is not None else ("", [])
+        text, deltas = held, list[Json]()
         if reader is not None:
+            more, deltas = reader.feed(held)
+            last, closing = reader.close(c.finish == "stop")
+            text, deltas = more + last, deltas + closing
             c.text = reader.content
             if c.finish == "stop" and reader.calls:
                 c.tool_calls, c.finish = reader.calls, "tool_calls"
@@ -104,7 +133,7 @@ class Answer:
                 self.grammar.validate(compiled, c.text)
             except BadRequest as exc:
                 raise not_enforced(exc, out.schema_param) from None
-        return c, text, deltas
+        return c, thought, text, deltas
 
     async def complete(self, run: Run | Runs) -> Json | None:
         """The whole answer (None: the client left first); raises ApiError for a failed request."""
@@ -145,19 +174,24 @@ class Answer:
         st["sent"] += len(text)
         return [self.choices.chunk(index, text=prefix + text, entries=entries, offset=offset, echoed=bool(prefix))]
 
+    def _thought_chunk(self, index: int, thought: str) -> list[Json]:
+        """The chunk of new thought text (``delta.reasoning_content``), none when there is none."""
+        return [self.choices.chunk(index, reasoning=thought)] if thought else []
+
     def on_delta(self, d: pb.Delta) -> list[Json]:
-        """Chunks for one delta: its content, then its tool-call deltas."""
-        _c, text, deltas = self._read(d)
-        out = self._open(d.choice_index) + self._text_chunk(d.choice_index, text, list(d.logprobs))
+        """Chunks for one delta: its thought, its content, then its tool-call deltas."""
+        _c, thought, text, deltas = self._read(d)
+        out = self._open(d.choice_index) + self._thought_chunk(d.choice_index, thought)
+        out += self._text_chunk(d.choice_index, text, list(d.logprobs))
         if deltas:
             out.append(self.choices.chunk(d.choice_index, tool_deltas=deltas))
         return out
 
     async def on_done(self, d: pb.Done) -> list[Json]:
         """The closing chunks of one choice; raises ApiError (sent as an error event)."""
-        c, text, deltas = await self.finish(d)
+        c, thought, text, deltas = await self.finish(d)
         i = d.choice_index
-        out = self._open(i)
+        out = self._open(i) + self._thought_chunk(i, thought)
         out += self._text_chunk(i, text, [])  # completions: also the echo of a choice that generated nothing
         if deltas:
             out.append(self.choices.chunk(i, tool_deltas=deltas))

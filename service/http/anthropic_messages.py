@@ -6,8 +6,9 @@
   ``assistant`` turns whose ``content`` is a string or blocks: ``text``,
   ``tool_use`` (assistant; an earlier call, rendered by the model's chat
   template), ``tool_result`` (user; a ``tool`` turn answering its call),
-  ``thinking`` / ``redacted_thinking`` (dropped: Anthropic drops earlier turns'
-  thinking from the context too). Images, documents and every other block are
+  ``thinking`` (the turn's thought: ``ChatMessage.reasoning_content``, passed
+  back by templates that render earlier thoughts, dropped by the others; its
+  ``signature`` is not checked), ``redacted_thinking`` (dropped). Images, documents and every other block are
   a 400 naming the block;
 * ``tools`` (custom tools: ``name``, ``description``, ``input_schema``; server
   tools are a 400 naming their type) and ``tool_choice`` (``auto``, ``any`` =
@@ -19,9 +20,12 @@
   constrained and validated as ``response_format`` is);
 * the extension ``ignore_eos`` (as the chat route takes it);
 * accepted and ignored: ``metadata``, ``service_tier``, ``cache_control``
-  (prefix caching is automatic), ``output_config.effort``, ``thinking`` (the
-  config is checked; this server does not separate a model's reasoning yet,
-  so no thinking block is ever returned).
+  (prefix caching is automatic), ``output_config.effort``;
+* ``thinking``: for a reasoning model (``service.http.reasoning``) ``enabled``
+  sets ``enable_thinking`` and its ``budget_tokens`` as the thinking budget,
+  ``adaptive`` thinking without a budget, ``disabled`` turns it off where the
+  template can; absent, the template's default. The thought is the answer's
+  ``thinking`` block (``service.http.anthropic_stream``).
 
 Every bad field is an ApiError 400 naming it (Anthropic's error shape is
 applied by the route, ``service.http.anthropic_errors``).
@@ -37,7 +41,7 @@ from inference.v1 import inference_pb2 as pb
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
-from service.http.chat_request import Format, chat_request, json_schema
+from service.http.chat_request import Format, chat_request, json_schema, template_kwargs
 from service.http.errors import bad_param
 from service.http.requests import Output, Parsed
 from service.http.tools import ToolPlan, check_tool_count, function, plan_functions
@@ -68,7 +72,7 @@ def _text_blocks(value: Any, where: str) -> str:
     return "".join(out)
 
 
-Block = tuple[str, Any]  # ("text", str) | ("call", pb.ToolCall) | ("result", pb.ChatMessage) | ("", None)
+Block = tuple[str, Any]  # ("text" | "thought", str) | ("call", pb.ToolCall) | ("result", pb.ChatMessage) | ("", None)
 
 
 def _block(block: Any, where: str, role: str, names: dict[str, str]) -> Block:
@@ -76,8 +80,10 @@ def _block(block: Any, where: str, role: str, names: dict[str, str]) -> Block:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
         return "text", block["text"]
-    if kind in ("thinking", "redacted_thinking") and role == "assistant":
-        return "", None  # NOTE: earlier turns' thinking is not part of the context (as Anthropic does)
+    if kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+        return "thought", block["thinking"]  # NOTE: the signature is not checked: this server gives none
+    if kind == "redacted_thinking" and role == "assistant":
+        return "", None  # NOTE: encrypted by another server: nothing to pass back
     if kind == "tool_use" and role == "assistant":
         if not isinstance(block.get("name"), str) or not isinstance(block.get("input"), dict):
             raise bad_param(where, f"{where}: a tool_use block needs name and an input object")
@@ -110,10 +116,11 @@ def _message(i: int, m: Any, names: dict[str, str]) -> list[pb.ChatMessage]:
         raise bad_param(f"{where}.content", f"{where}.content must be a string or an array of content blocks")
     blocks = [_block(b, f"{where}.content[{j}]", role, names) for j, b in enumerate(content)]
     text = "".join(v for kind, v in blocks if kind == "text")
+    thought = "".join(v for kind, v in blocks if kind == "thought")
     calls = [v for kind, v in blocks if kind == "call"]
     out = [v for kind, v in blocks if kind == "result"]
-    if text or calls or not blocks:
-        out.append(pb.ChatMessage(role=role, content=text, tool_calls=calls))
+    if text or calls or thought or not blocks:
+        out.append(pb.ChatMessage(role=role, content=text, tool_calls=calls, reasoning_content=thought))
     return out
 
 
@@ -162,11 +169,14 @@ def _tools(body: Body, limits: InputLimits) -> ToolPlan | None:
                           "tools[{}].input_schema")
 
 
-def _thinking(body: Body, max_tokens: int | None) -> None:
-    """Checked and otherwise ignored: no reasoning is separated from the answer yet (docs/http-apis.md)."""
+def _thinking(body: Body, max_tokens: int | None) -> tuple[bool, int | None] | None:
+    """The ``thinking`` config as (thinking on, its budget in tokens), None when absent (the template's own
+    default): ``enabled`` with its ``budget_tokens``, ``adaptive`` without a budget, ``disabled`` a budget of
+    0 (off, where the template can turn it off; service.http.reasoning). ``display`` is checked: the thought
+    is always shown."""
     thinking = body.obj("thinking", ("type", "budget_tokens", "display"))
     if thinking is None:
-        return
+        return None
     kind = thinking.str_("type", required=True)
     if kind not in THINKING:
         raise bad_param("thinking.type", f"thinking.type must be one of {', '.join(THINKING)}")
@@ -177,6 +187,9 @@ def _thinking(body: Body, max_tokens: int | None) -> None:
         raise bad_param("thinking.budget_tokens", "'thinking.budget_tokens' is required with type enabled")
     if budget is not None and max_tokens is not None and budget >= max_tokens:
         raise bad_param("thinking.budget_tokens", "thinking.budget_tokens must be less than max_tokens")
+    if kind == "disabled":
+        return False, 0
+    return True, budget if kind == "enabled" else None
 
 
 def _format(body: Body) -> Format | None:
@@ -220,21 +233,30 @@ def parse_messages(raw: JsonObject, model: str, priority_header: str | None, lim
     max_tokens = body.int_("max_tokens", 1, 1 << 30)
     if max_tokens is None:
         raise bad_param("max_tokens", "'max_tokens' is a required property")
-    _thinking(body, max_tokens)
+    thinking = _thinking(body, max_tokens)
     body.obj("metadata", ("user_id",))
     body.str_("service_tier")
     sp = _sampling(body, max_tokens, limits)
     priority = sampling.priority(Body({}, ()), priority_header)
     req, schema = chat_request(turns, sp, priority, plan, _format(body), "output_config.format")
+    req.chat_template_kwargs = _variables(thinking)
+    if thinking is not None and thinking[1] is not None:
+        req.sampling.thinking_budget_tokens = thinking[1]
     output = Output(True, model, bool(body.bool_("stream")), schema=schema, schema_param="output_config.format",
                     tools=plan)
     return Parsed(req, output)
 
 
-def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> tuple[list[pb.ChatMessage], list[pb.Tool]]:
-    """The turns and tools a ``POST /v1/messages/count_tokens`` body renders; raises ApiError 400."""
+def _variables(thinking: tuple[bool, int | None] | None) -> str:
+    """The template variables of a ``thinking`` config (``enable_thinking``; "" without one)."""
+    return template_kwargs({"enable_thinking": thinking[0]}) if thinking is not None else ""
+
+
+def count_turns(raw: JsonObject, limits: InputLimits = DEFAULTS) -> tuple[list[pb.ChatMessage], list[pb.Tool], str]:
+    """The turns, tools and template variables a ``POST /v1/messages/count_tokens`` body renders (the
+    ``thinking`` config's ``enable_thinking``, as ``parse_messages`` sets it); raises ApiError 400."""
     body, turns, plan = _common(raw, COUNT, limits)
-    _thinking(body, None)
+    thinking = _thinking(body, None)
     if plan is not None and _format(body) is not None:
         raise bad_param("output_config.format", "output_config.format cannot be combined with tools")
-    return turns, plan.protos() if plan is not None else []
+    return turns, plan.protos() if plan is not None else [], _variables(thinking)

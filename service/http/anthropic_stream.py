@@ -11,9 +11,10 @@ or, for a failure after the status line, one ``error`` event (Anthropic's
 error object) in place of the end. Text streams as ``text_delta``s; a tool call
 (generated whole under its schema, ``service.http.tools``) is one ``tool_use``
 block with its input in one ``input_json_delta``. ``stop_reason``: ``end_turn``,
-``stop_sequence`` (with the string), ``max_tokens``, ``tool_use``. No
-``thinking`` block is produced: the server does not separate a model's
-reasoning from its answer yet.
+``stop_sequence`` (with the string), ``max_tokens``, ``tool_use``. A reasoning
+model's thought comes first, as a ``thinking`` block (``thinking_delta``s, then
+a ``signature_delta``): its ``signature`` is always "" (this server has no
+signature to give; a thinking block sent back is dropped, not verified).
 
 Usage: ``input_tokens`` are the prompt tokens computed for this request,
 ``cache_read_input_tokens`` those served from the prefix cache (their sum is
@@ -42,7 +43,7 @@ from service.http.render import Json
 from service.http.requests import Parsed
 from service.http.run import Run
 from service.http.runs import Runs
-from service.http.turn import Call, End, Piece, Text, Turn, Usage, run_events, stream, whole
+from service.http.turn import Call, End, Piece, Text, Thought, Turn, Usage, run_events, stream, whole
 from service.request.errors import BadRequest
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -59,7 +60,7 @@ class MessageWriter:
     def __init__(self, message_id: str, model: str) -> None:
         self.id, self.model = message_id, model
         self.content: list[Json] = []
-        self.open = False  # a text block is open
+        self.open = ""  # the type of the open block ("text", "thinking"; "": none)
         self.end: End | None = None
 
     def _message(self) -> Json:
@@ -76,20 +77,31 @@ class MessageWriter:
     def _close(self) -> list[Json]:
         if not self.open:
             return []
-        self.open = False
-        return [{"type": "content_block_stop", "index": len(self.content) - 1}]
+        i = len(self.content) - 1
+        # NOTE: the SDK's stream helper takes a thinking block's signature from its signature_delta
+        sign = [{"type": "content_block_delta", "index": i, "delta": {"type": "signature_delta", "signature": ""}}] \
+            if self.open == "thinking" else []
+        self.open = ""
+        return [*sign, {"type": "content_block_stop", "index": i}]
+
+    def _block(self, kind: str, key: str, text: str) -> list[Json]:
+        """``text`` added to the open block of ``kind`` (a new one opened, the other closed, as needed)."""
+        out = []
+        if self.open != kind:
+            out = self._close()
+            block = {"type": kind, key: "", **({"signature": ""} if kind == "thinking" else {})}
+            self.content.append(dict(block))
+            self.open = kind
+            out.append({"type": "content_block_start", "index": len(self.content) - 1, "content_block": block})
+        self.content[-1][key] += text
+        delta = {"type": f"{kind}_delta" if kind == "thinking" else "text_delta", key: text}
+        return [*out, {"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta}]
 
     def on(self, piece: Piece) -> list[Json]:
+        if isinstance(piece, Thought):
+            return self._block("thinking", "thinking", piece.text)
         if isinstance(piece, Text):
-            out = []
-            if not self.open:
-                self.content.append({"type": "text", "text": ""})
-                self.open = True
-                out.append({"type": "content_block_start", "index": len(self.content) - 1,
-                            "content_block": {"type": "text", "text": ""}})
-            self.content[-1]["text"] += piece.text
-            delta = {"type": "text_delta", "text": piece.text}
-            return [*out, {"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta}]
+            return self._block("text", "text", piece.text)
         if isinstance(piece, Call):
             return [*self._close(), *self._tool_use(piece)]
         self.end = piece
@@ -146,9 +158,9 @@ class MessagesDialect:
     def count_tokens(self, body: bytes) -> Json:
         """Worker thread: ``{"input_tokens": n}``, the prompt's tokens as Generate would count them."""
         raw = parse_json(body)
-        turns, tools = count_turns(raw, self.limits)
+        turns, tools, kwargs = count_turns(raw, self.limits)
         check_model(raw.get("model"), self.model)
         try:
-            return {"input_tokens": len(self.intake.builder.render_tokens("", turns, tools=tools)[1])}
+            return {"input_tokens": len(self.intake.builder.render_tokens("", turns, tools=tools, kwargs=kwargs)[1])}
         except BadRequest as exc:
             raise ApiError(400, str(exc)) from None

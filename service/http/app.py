@@ -66,7 +66,7 @@ from service.http.config import HttpConfig
 from service.http.dialect import Dialect, OpenAIDialect, check_model, error_response
 from service.http.errors import ApiError, from_status
 from service.http.render import Choices
-from service.http.requests import Parsed, with_format, with_vocab
+from service.http.requests import Parsed, with_format, with_reasoning, with_vocab
 from service.http.responses_stream import ResponsesDialect
 from service.http.run import Run, watch_disconnect
 from service.http.runs import Runs
@@ -203,8 +203,10 @@ class HttpApi:
         """Worker thread: the body as the request to run (raises ApiError 400/404); completions' token-id
         prompts checked against the vocabulary."""
         parsed = dialect.parse(body, priority)
+        builder = self.intake.builder
         if parsed.output.tools is not None:  # the grammar of the model's own call syntax
-            parsed = with_format(parsed, self.intake.builder.tool_format)
+            parsed = with_format(parsed, builder.tool_format)
+        parsed = with_reasoning(parsed, builder.reasoning, builder.template.thought_start)  # after the thought
         if dialect is self.completion_dialect:
             vocab = self.intake.builder.vocab
             parsed = with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)
@@ -229,8 +231,10 @@ class HttpApi:
         """OpenAI's model object, and the extension ``chat_format``: how the server speaks the model's chat
         language (GetModelInfoResponse.chat; docs/openai.md, "Tools")."""
         fmt = self.intake.builder.tool_format
+        reasoning = self.intake.builder.reasoning
         chat = {"family": fmt.family.name, "tools": fmt.tools_path, "renders": fmt.renders(),
-                "parallel_tool_calls": fmt.parallel}
+                "parallel_tool_calls": fmt.parallel,
+                "reasoning": reasoning.describe() if reasoning is not None else None}
         return {"id": self.config.model_name, "object": "model", "created": self.created,
                 "owned_by": "cpu-inference-service", "chat_format": chat}
 

@@ -52,6 +52,8 @@ def _item(raw: Any, endpoint: str, model: str, limits: InputLimits) -> Line:
         return (cid, str(exc))
     if parsed.output.stream or parsed.output.tools is not None:
         return (cid, "batch lines cannot stream or call tools")
+    if parsed.request.sampling.HasField("thinking_budget_tokens"):
+        return (cid, "batch lines cannot take a thinking budget (batch results do not separate a thought)")
     if len(parsed.prompts) > 1 or (parsed.prompts and not isinstance(parsed.prompts[0], str)):
         return (cid, "a batch line takes one text prompt (several prompts or token ids: one line each, as text)")
     return bpb.BatchItem(custom_id=cid, generate=parsed.request)

@@ -6,6 +6,9 @@
 * an assistant message's ``tool_calls`` become ``ChatMessage.tool_calls`` (the
   template renders them in the model's own syntax); a ``tool`` message keeps its
   ``tool_call_id`` and gets the called function's ``name`` from the call it answers;
+* an assistant message's ``reasoning_content`` (its thought, as this server
+  answers it) becomes ``ChatMessage.reasoning_content``: templates that render
+  earlier thoughts pass it back, the others drop it;
 * ``name`` of other roles is accepted and ignored.
 """
 
@@ -19,7 +22,7 @@ from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.errors import bad_param
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "reasoning_content"}
 
 
 def _text(content: Any, where: str, optional: bool) -> str:
@@ -60,6 +63,10 @@ def _message(i: int, m: Any, names: dict[str, str]) -> pb.ChatMessage:
     if role not in ROLES:
         raise bad_param(f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}")
     out = pb.ChatMessage(role=ROLES[role], content=_text(m.get("content"), where, optional=role == "assistant"))
+    if (thought := m.get("reasoning_content")) is not None:
+        if role != "assistant" or not isinstance(thought, str):
+            raise bad_param(f"{where}.reasoning_content", "reasoning_content is a string of an assistant message")
+        out.reasoning_content = thought
     if role == "assistant" and m.get("tool_calls"):
         out.tool_calls.extend(_calls(m["tool_calls"], where))
         names.update((c.id, c.name) for c in out.tool_calls if c.id)

@@ -40,7 +40,14 @@ from service.http.body import parse_json
 from service.http.dialect import check_model
 from service.http.errors import from_status
 from service.http.prompts import Prompt, text_of
-from service.http.requests import Parsed, parse_chat, parse_completion, with_format, with_vocab
+from service.http.requests import (
+    Parsed,
+    parse_chat,
+    parse_completion,
+    with_format,
+    with_reasoning,
+    with_vocab,
+)
 from service.request.errors import BadRequest
 
 
@@ -100,8 +107,10 @@ class RenderRoutes:
             raw["model"] = name  # NOTE: llm-d's renderer strips the model field
         parsed = (parse_chat if chat else parse_completion)(raw, name, priority, limits)
         check_model(raw["model"], name)
-        if chat:
-            return with_format(parsed, self.api.intake.builder.tool_format) if parsed.output.tools else parsed
+        if chat:  # NOTE: as the generation route sets it up: a thinking budget or an effort sets enable_thinking
+            builder = self.api.intake.builder
+            parsed = with_format(parsed, builder.tool_format) if parsed.output.tools else parsed
+            return with_reasoning(parsed, builder.reasoning, builder.template.thought_start)
         vocab = self.api.intake.builder.vocab
         return with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)
 

@@ -71,6 +71,7 @@ class Choice:
     tool_calls: list[Json] | None = None
     closed: bool = False  # a JSON document closed early within its budget (finish "stop")
     prompt_logprobs: list[pb.TokenLogprob] = field(default_factory=list)  # echo with logprobs: tokens 1..
+    reasoning: str = ""  # a reasoning model's thought (``text`` is then its answer alone)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Choices:
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, Choice] = field(default_factory=dict)
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, those of thoughts (a reasoning model's chat)
     prompts: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt -> (its tokens, cached ones)
 
     def get(self, index: int) -> Choice:
@@ -127,6 +129,8 @@ class Choices:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            **({"completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
+               if self.output.thought is not None else {}),
         }
 
     def _envelope(self, chunk: bool) -> Json:
@@ -151,6 +155,8 @@ class Choices:
 
     def _message(self, c: Choice) -> Json:
         message: Json = {"role": "assistant", "content": c.text or None if c.tool_calls else c.text, "refusal": None}
+        if c.reasoning:  # NOTE: llama-server's and vLLM's name for the thought
+            message["reasoning_content"] = c.reasoning
         if c.tool_calls:
             message["tool_calls"] = c.tool_calls
         return message
@@ -181,14 +187,16 @@ class Choices:
 
     def chunk(self, index: int, *, text: str = "", entries: list[pb.TokenLogprob] | None = None,
               finish: str | None = None, tool_deltas: list[Json] | None = None, offset: int = 0,
-              closed: bool = False, echoed: bool = False) -> Json:
+              closed: bool = False, echoed: bool = False, reasoning: str = "") -> Json:
         """One stream chunk of choice ``index`` (chat: after its ``role_chunk``; ``tool_deltas``: OpenAI's
         ``delta.tool_calls`` entries; ``echoed``: completions, the chunk that starts with the echoed prompt, whose
-        logprobs then start with the prompt's)."""
+        logprobs then start with the prompt's; ``reasoning``: thought text, ``delta.reasoning_content``)."""
         scored = echoed and self.output.score
         logprobs = self._logprobs(entries or [], offset, index if scored else None) if entries or scored else None
         if self.output.chat:
             delta: Json = {"content": text} if text else {}
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if tool_deltas:
                 delta["tool_calls"] = tool_deltas
             row: Json = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

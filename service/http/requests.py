@@ -17,6 +17,7 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.api.request_builder import MAX_JSON_REPEAT_PENALTY
+from service.chat.thought import Reasoning
 from service.chat.tool_format import ToolFormat
 from service.http import sampling
 from service.http.body import Body, JsonObject
@@ -24,13 +25,14 @@ from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_sc
 from service.http.errors import bad_param
 from service.http.messages import chat_messages
 from service.http.prompts import Prompt, check_choices, check_ids, prompts_of, text_of
+from service.http.reasoning import BUDGET, StartOf, ThoughtPlan, budget_of, plan
 from service.http.tools import ToolPlan, plan_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 JSON_OPTIONS = ("json_finish", "json_repeat_penalty")  # extensions: SamplingParams' fields of the same names
 CHAT = (*sampling.SHARED, "messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format",
         "tools", "tool_choice", "parallel_tool_calls", "modalities", "stop", "reasoning_effort",
-        "chat_template_kwargs", *JSON_OPTIONS)
+        "chat_template_kwargs", BUDGET, *JSON_OPTIONS)
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 COMPLETION = (*sampling.SHARED, "prompt", "echo", "logprobs", "best_of", "suffix", *JSON_OPTIONS)
 JSON_FINISH = {"close": pb.JSON_FINISH_CLOSE_WITHIN_BUDGET, "cut-off": pb.JSON_FINISH_CUT_OFF}
@@ -56,6 +58,7 @@ class Output:
     n: int = 0  # completions: choices per prompt (choice i belongs to prompt i // n); 0: one prompt
     score: bool = False  # completions, echo with logprobs: the prompt's tokens lead each choice's logprobs
     schema_param: str = "response_format"  # the dialect's name of the parameter that gave ``schema``
+    thought: ThoughtPlan | None = None  # a reasoning model's chat: its output is read as thought, then answer
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,13 @@ def with_format(parsed: Parsed, fmt: ToolFormat) -> Parsed:
     return replace(parsed, output=replace(parsed.output, tools=plan))
 
 
+def with_reasoning(parsed: Parsed, reasoning: Reasoning | None, start_of: StartOf) -> Parsed:
+    """A chat request for a reasoning model: its output read as thought and answer, its grammar (budget,
+    constraint) after the thought (``service.http.reasoning``); unchanged for other models."""
+    thought = plan(parsed.request, reasoning, start_of)
+    return parsed if thought is None else replace(parsed, output=replace(parsed.output, thought=thought))
+
+
 def chat_variables(body: Body) -> dict[str, Any]:
     """The template variables of ``chat_template_kwargs`` (an object; llama-server's and vLLM's extension) and
     ``reasoning_effort`` (given to the template as its variable of that name)."""
@@ -169,6 +179,8 @@ def parse_chat(raw: JsonObject, model: str, priority_header: str | None, limits:
     sp = sampling.sampling_params(body, sampling.max_tokens(body, None), limits)
     sp.logprobs, sp.top_logprobs = top is not None, top or 0
     _json_options(body, sp, fmt is not None)
+    if (budget := budget_of(body.get(BUDGET))) is not None:
+        sp.thinking_budget_tokens = budget
     req, schema = chat_request(messages, sp, sampling.priority(body, priority_header), plan, fmt)
     req.chat_template_kwargs = template_kwargs(chat_variables(body))
     s = sampling.streaming(body)

@@ -6,8 +6,10 @@
   ``system``, ``developer``, ``user``, ``assistant``; content a string or
   ``input_text`` / ``output_text`` / ``refusal`` parts), ``function_call`` (the
   assistant's earlier call, a ``tool_calls`` entry of its turn, as the chat
-  route takes it) and ``function_call_output`` (a ``tool`` turn); ``reasoning``
-  items are dropped (this server returns none). Images, files and audio, item
+  route takes it) and ``function_call_output`` (a ``tool`` turn); a
+  ``reasoning`` item's ``reasoning_text`` is the thought of the assistant turn
+  it joins (``ChatMessage.reasoning_content``: passed back by templates that
+  render earlier thoughts), an item without any is dropped. Images, files and audio, item
   references and hosted tools' items are a 400 naming the item. Fields of an
   item the server does not need (``id``, ``status``, annotations) are ignored,
   so an earlier response's output can be sent back as it came;
@@ -21,12 +23,15 @@
   ``conversation``, ``background: true`` and stored ``prompt``s are a 400;
 * ``parallel_tool_calls`` (default true: several calls in one answer where the
   model's family writes several);
-* accepted and ignored: ``reasoning`` (no reasoning is separated yet),
-  ``max_tool_calls``,
+* ``reasoning.effort``: the template variable ``reasoning_effort`` (``"none"``
+  turns a reasoning model's thinking off), and the extension
+  ``thinking_budget_tokens`` (as the chat route takes it); a reasoning model's
+  thought is the answer's ``reasoning`` item (``service.http.responses_stream``);
+* accepted and ignored: ``reasoning.summary`` (no summaries), ``max_tool_calls``,
   ``metadata`` and ``user`` (echoed), ``safety_identifier``, ``prompt_cache_key``,
   ``prompt_cache_retention`` (prefix caching is automatic), ``truncation``
   (nothing is truncated: an input over the context is a 400), ``include``
-  (``reasoning.encrypted_content`` only: there is none), ``top_logprobs`` 0.
+  (``reasoning.encrypted_content`` only: there is none; the item's is null), ``top_logprobs`` 0.
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ from inference.v1 import inference_pb2 as pb
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http import sampling
 from service.http.body import Body, JsonObject
-from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema
+from service.http.chat_request import JSON_OBJECT, Format, chat_request, json_schema, template_kwargs
 from service.http.errors import bad_param
+from service.http.reasoning import BUDGET, budget_of
 from service.http.render import Json
-from service.http.requests import Output, Parsed
+from service.http.requests import EFFORTS, Output, Parsed
 from service.http.tools import ToolPlan, check_tool_count, function, plan_functions
 
 IGNORED = ("reasoning", "max_tool_calls", "metadata", "user", "safety_identifier",
@@ -50,7 +56,7 @@ IGNORED = ("reasoning", "max_tool_calls", "metadata", "user", "safety_identifier
 REFUSED = {"previous_response_id": "this server is stateless: send the whole conversation as input",
            "conversation": "this server is stateless: send the whole conversation as input",
            "prompt": "stored prompts are not supported", "context_management": "not supported"}
-KNOWN = ("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+KNOWN = (BUDGET, "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
          "max_output_tokens", "temperature", "top_p", "store", "stream", "service_tier", "background", "ignore_eos",
          *IGNORED, *REFUSED)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -107,10 +113,22 @@ def _item(i: int, item: Any, names: dict[str, str]) -> pb.ChatMessage | None:
         cid = _str(item.get("call_id"))
         return pb.ChatMessage(role="tool", content=text, tool_call_id=cid, name=names.get(cid, ""))
     if kind == "reasoning":
-        return None  # NOTE: this server never returns reasoning items; another model's are not its context
+        return _thought(item, where)
     if kind == "item_reference":
         raise bad_param(where, f"{where}: item references need stored items; this server is stateless")
     raise bad_param(f"{where}.type", f"{where}: input items of type {kind!r} are not supported by this server")
+
+
+def _thought(item: Json, where: str) -> pb.ChatMessage | None:
+    """A ``reasoning`` item as the thought of the assistant turn it joins (its ``reasoning_text`` parts; an
+    item with none, e.g. another server's encrypted one, is dropped)."""
+    parts = item.get("content")
+    if parts is None:
+        return None
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise bad_param(f"{where}.content", f"{where}.content must be an array of reasoning_text parts")
+    text = "".join(p["text"] for p in parts if p.get("type") == "reasoning_text")
+    return pb.ChatMessage(role="assistant", reasoning_content=text) if text else None
 
 
 def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
@@ -133,7 +151,8 @@ def _turns(body: Body, limits: InputLimits) -> list[pb.ChatMessage]:
         if turn.role == "assistant" and turns and turns[-1].role == "assistant":
             last = turns[-1]
             text = "\n".join(t for t in (last.content, turn.content) if t)
-            turns[-1] = pb.ChatMessage(role="assistant", content=text, tool_calls=[*last.tool_calls, *turn.tool_calls])
+            turns[-1] = pb.ChatMessage(role="assistant", content=text, tool_calls=[*last.tool_calls, *turn.tool_calls],
+                                       reasoning_content=last.reasoning_content + turn.reasoning_content)
         else:
             turns.append(turn)
     return turns
@@ -209,7 +228,7 @@ def _ignored(body: Body, stream: bool) -> None:
     """The accepted-and-ignored parameters, type-checked."""
     reasoning = body.obj("reasoning", ("effort", "summary", "generate_summary"))
     if reasoning is not None:
-        reasoning.str_("effort"), reasoning.str_("summary"), reasoning.str_("generate_summary")
+        reasoning.str_("summary"), reasoning.str_("generate_summary")
     body.int_("max_tool_calls", 1, 1 << 30)
     if (metadata := body.get("metadata")) is not None and not isinstance(metadata, dict):
         raise bad_param("metadata", "'metadata' must be an object of strings")
@@ -225,6 +244,18 @@ def _ignored(body: Body, stream: bool) -> None:
     options = body.obj("stream_options", ("include_obfuscation",))
     if options is not None and not stream:
         raise bad_param("stream_options", "stream_options is only allowed when stream is true")
+
+
+def _effort(body: Body) -> dict[str, Any]:
+    """``reasoning.effort`` as the template variable ``reasoning_effort`` (as the chat route's ``reasoning_effort``;
+    ``"none"`` also turns thinking off: service.http.reasoning)."""
+    reasoning = body.obj("reasoning", ("effort", "summary", "generate_summary"))
+    effort = reasoning.str_("effort") if reasoning is not None else None
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise bad_param("reasoning.effort", f"reasoning.effort must be one of {', '.join(EFFORTS)}")
+    return {"reasoning_effort": effort}
 
 
 def _echo(raw: JsonObject, body: Body) -> Json:
@@ -255,5 +286,8 @@ def parse_responses(
     sp = sampling.sampling_params(shared, sampling.max_tokens(shared, None), limits)
     req, schema = chat_request(turns, sp, sampling.priority(shared, priority_header), plan, _format(body),
                                "text.format")
+    req.chat_template_kwargs = template_kwargs(_effort(body))
+    if (budget := budget_of(body.get(BUDGET))) is not None:
+        req.sampling.thinking_budget_tokens = budget
     output = Output(True, model, stream, schema=schema, schema_param="text.format", tools=plan)
     return ResponsesParsed(req, output, echo=_echo(raw, body))

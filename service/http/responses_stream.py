@@ -1,11 +1,16 @@
 """An OpenAI Responses answer: the ``response`` object, or its event stream; the Responses dialect.
 
-Output items: one ``message`` (``output_text`` part) for text, one
-``function_call`` (``call_id``, ``name``, ``arguments``) for a tool call. A
+Output items: a reasoning model's thought first, as one ``reasoning`` item (its
+text one ``reasoning_text`` content part), one ``message`` (``output_text``
+part) for text, one ``function_call`` (``call_id``, ``name``, ``arguments``) for
+a tool call. A
 streamed answer is the Responses event sequence, every event with its
 ``sequence_number``::
 
     response.created, response.in_progress
+    response.output_item.added, response.content_part.added,
+      response.reasoning_text.delta*, response.reasoning_text.done,
+      response.content_part.done, response.output_item.done             a reasoning item
     response.output_item.added, response.content_part.added,
       response.output_text.delta*, response.output_text.done,
       response.content_part.done, response.output_item.done             a message
@@ -39,18 +44,35 @@ from service.http.requests import Parsed
 from service.http.responses import ResponsesParsed, parse_responses
 from service.http.run import Run
 from service.http.runs import Runs
-from service.http.turn import Call, End, Piece, Text, Turn, run_events, stream, whole
+from service.http.turn import Call, End, Piece, Text, Thought, Turn, run_events, stream, whole
 
 
 def usage(end: End) -> Json:
     u = end.usage
     return {"input_tokens": u.prompt, "input_tokens_details": {"cached_tokens": u.cached},
-            "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": u.reasoning},
             "total_tokens": u.prompt + u.completion}
 
 
-def _part(text: str) -> Json:
+def _part(text: str, kind: str = "message") -> Json:
+    if kind == "reasoning":
+        return {"type": "reasoning_text", "text": text}
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _names(kind: str) -> tuple[str, Json]:
+    """The event name of an item kind's text, and the fields its delta and done events carry besides."""
+    return ("reasoning_text", {}) if kind == "reasoning" else ("output_text", {"logprobs": []})
+
+
+def _item(kind: str) -> Json:
+    """A new output item: a ``message``, or a reasoning model's thought as a ``reasoning`` item (its text as a
+    ``reasoning_text`` content part; no summary, no encrypted content)."""
+    if kind == "reasoning":
+        return {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "status": "in_progress", "summary": [],
+                "content": [], "encrypted_content": None}
+    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "in_progress", "role": "assistant",
+            "content": []}
 
 
 class ResponseWriter:
@@ -82,20 +104,22 @@ class ResponseWriter:
     def _where(self, item: Json) -> Json:
         return {"item_id": item["id"], "output_index": self.output.index(item)}
 
-    def _text(self, text: str) -> list[Json]:
-        out = []
+    def _text(self, text: str, kind: str = "message") -> list[Json]:
+        """``text`` added to the open item of ``kind`` ("message": its output_text; "reasoning": its
+        reasoning_text), the other closed and a new one opened as needed."""
+        out = [] if self.message is None or self.message["type"] == kind else self._close("completed")
         if self.message is None:
-            self.message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "in_progress",
-                            "role": "assistant", "content": []}
+            self.message = _item(kind)
             self.output.append(self.message)
             out += [self._event("response.output_item.added", output_index=len(self.output) - 1,
                                 item={**self.message, "content": []}),
                     self._event("response.content_part.added", **self._where(self.message), content_index=0,
-                                part=_part(""))]
-            self.message["content"].append(_part(""))
+                                part=_part("", kind))]
+            self.message["content"].append(_part("", kind))
         self.message["content"][0]["text"] += text
-        return [*out, self._event("response.output_text.delta", **self._where(self.message), content_index=0,
-                                  delta=text, logprobs=[])]
+        name, extra = _names(kind)
+        return [*out, self._event(f"response.{name}.delta", **self._where(self.message), content_index=0,
+                                  delta=text, **extra)]
 
     def _close(self, status: str) -> list[Json]:
         item, self.message = self.message, None
@@ -103,8 +127,10 @@ class ResponseWriter:
             return []
         item["status"] = status
         text, where = item["content"][0]["text"], self._where(item)
-        return [self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]),
-                self._event("response.content_part.done", **where, content_index=0, part=_part(text)),
+        kind = item["type"]
+        name, extra = _names(kind)
+        return [self._event(f"response.{name}.done", **where, content_index=0, text=text, **extra),
+                self._event("response.content_part.done", **where, content_index=0, part=_part(text, kind)),
                 self._event("response.output_item.done", output_index=where["output_index"], item=item)]
 
     def _call(self, call: Call) -> list[Json]:
@@ -120,6 +146,8 @@ class ResponseWriter:
         return [*out, self._event("response.output_item.done", output_index=where["output_index"], item=item)]
 
     def on(self, piece: Piece) -> list[Json]:
+        if isinstance(piece, Thought):
+            return self._text(piece.text, "reasoning")
         if isinstance(piece, Text):
             return self._text(piece.text)
         if isinstance(piece, Call):

@@ -1,11 +1,12 @@
-"""One assistant turn as dialect-neutral pieces (text, a tool call, the end) and the drivers that write it.
+"""One assistant turn as dialect-neutral pieces (thought, text, a tool call, the end) and the drivers that write it.
 
 The Anthropic Messages and OpenAI Responses dialects answer from the same
 decisions as Chat Completions: ``Answer`` (``service.http.answer``) folds the
-run's events (text released as it comes, or held while it may still become a
-tool call; the final validation of a JSON document or call; the finish reason
-and usage). ``Turn`` reads its chat chunks back as ``Text``, ``Call`` and
-``End`` pieces, so a dialect only renders pieces, through a ``Writer``:
+run's events (a reasoning model's thought apart from its answer; text released
+as it comes, or held while it may still become a tool call; the final
+validation of a JSON document or call; the finish reason and usage). ``Turn``
+reads its chat chunks back as ``Thought``, ``Text``, ``Call`` and ``End``
+pieces, so a dialect only renders pieces, through a ``Writer``:
 
 * ``stream``: the writer's opening events, one batch of events per piece, and
   exactly one terminal event: the writer's end (at ``End``) or its failure
@@ -42,6 +43,11 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Thought:
+    text: str  # a reasoning model's thought (markers removed), before the answer's pieces
+
+
+@dataclass(frozen=True)
 class Call:
     call_id: str  # "call_<hex>"
     name: str
@@ -53,6 +59,7 @@ class Usage:
     prompt: int  # tokens of the rendered prompt
     completion: int
     cached: int  # prompt tokens served from the prefix cache
+    reasoning: int = 0  # of completion, the thought's tokens
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,7 @@ class End:
     stop_sequence: str | None = None  # the stop string that ended the turn (finish "stop" only)
 
 
-Piece = Text | Call | End
+Piece = Thought | Text | Call | End
 
 
 class Writer(Protocol):
@@ -85,8 +92,8 @@ def matched_stop(token_bytes: Sequence[bytes], token_ids: list[int], text: str, 
     if not stops:
         return None
     full = b"".join(token_bytes[t] for t in token_ids).decode("utf-8", errors="replace")
-    if not full.startswith(text):
-        return None
+    if not full.startswith(text):  # NOTE: a reasoning model's answer follows its thought in the tokens
+        return next((s for s in stops if text and text + s in full), None)
     tail = full[len(text):]
     return next((s for s in stops if tail.startswith(s)), None)
 
@@ -116,11 +123,12 @@ class Turn:
                     yield piece
 
     def _split(self, chunk: Json) -> list[Piece]:
-        """The pieces of one chat chunk: its text; its calls' deltas are gathered, and each call is one
+        """The pieces of one chat chunk: its thought, its text; its calls' deltas are gathered, and each call is one
         ``Call`` (whole, validated) when the turn ends with them."""
         row = chunk["choices"][0]
         delta = row.get("delta") or {}
-        out: list[Piece] = [Text(delta["content"])] if delta.get("content") else []
+        out: list[Piece] = [Thought(delta["reasoning_content"])] if delta.get("reasoning_content") else []
+        out += [Text(delta["content"])] if delta.get("content") else []
         for d in delta.get("tool_calls") or []:
             call = self.calls.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
             call["id"] = d.get("id", call["id"])
@@ -135,7 +143,7 @@ class Turn:
 
     def _end(self, finish: str) -> End:
         c = self.answer.choices
-        usage = Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens)
+        usage = Usage(c.prompt_tokens, c.completion_tokens, c.cached_tokens, c.reasoning_tokens)
         stop = None
         if finish == "stop" and self.token_bytes is not None:
             stop = matched_stop(self.token_bytes, self.token_ids, c.get(0).text, self.stops)

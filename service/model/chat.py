@@ -14,8 +14,9 @@ turn, is reported at start-up as one clear message, never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 from service.chat.caps import family_of, probe
 from service.chat.conversation import ROLES, Caps, Conversation, TemplateInput, Turn, template_input
 from service.chat.families import GENERIC, Family
+from service.chat.thinking import Start, Thinking
+from service.chat.thinking import detect as detect_thinking
 
 # NOTE: used only when the GGUF carries no template (e.g. the Gemma 3 benchmark
 # model's file); ChatML is the most common instruction format.
@@ -117,6 +120,7 @@ class ChatTemplate:
         except Exception as exc:  # jinja2.TemplateSyntaxError and friends
             raise ChatTemplateError(f"chat template does not compile: {type(exc).__name__}: {exc}") from None
         self.family: Family = family_of(source, self._lenient)
+        self.thinking: Thinking | None = detect_thinking(source)
         self.caps = Caps()
         try:
             self.render([("user", "Hello")])
@@ -139,6 +143,23 @@ class ChatTemplate:
     def tools_path(self) -> str:
         """How tools reach the model: "template" (it renders them) or "system_turn" (the server's text)."""
         return "template" if self.caps.tools else "system_turn"
+
+    def thought_start(self, variables: Mapping[str, Any]) -> Start | None:
+        """Where generation starts for a request with template ``variables`` (None: the model does not reason
+        in markers): read from the generation prompt of a probe render with them (``Thinking.start``)."""
+        if self.thinking is None:
+            return None
+        return self._thought_start(json.dumps(dict(variables), sort_keys=True, ensure_ascii=False))
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (one template per process; the key is bounded JSON)
+    def _thought_start(self, variables: str) -> Start:
+        assert self.thinking is not None
+        conv = Conversation([Turn("user", "probe_user_text")], variables=json.loads(variables))
+        try:
+            text = self.render_input(template_input(conv, self.family, self.caps, _same))
+        except ChatTemplateError:
+            return Start.MAYBE  # NOTE: a template that refuses the variables: the request's render will say so
+        return self.thinking.start(text[text.rfind("probe_user_text") + len("probe_user_text"):])
 
     def _checked(self, inp: TemplateInput) -> str:
         return self.render_input(inp)

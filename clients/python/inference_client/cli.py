@@ -2,7 +2,7 @@
 
 Commands::
 
-    inference-client generate PROMPT [sampling options] [--chat] [--priority batch]
+    inference-client generate PROMPT [sampling options] [--chat] [--priority batch] [--thinking-budget N]
                               [--tools FILE [--tool-choice CHOICE] [--no-parallel-tool-calls]]
     inference-client json --schema FILE PROMPT [--close | --cut-off] [--raw] [--repeat-penalty X]
     inference-client metrics [--json]
@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="stream a generation to stdout")
     _add_sampling(gen)
+    gen.add_argument("--thinking-budget", type=int, metavar="N",
+                     help="a reasoning model's chat: at most N tokens of thought (0 = off); the thought goes to stderr")
     fmt = gen.add_mutually_exclusive_group()
     fmt.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON Schema")
     fmt.add_argument("--regex", help="constrain the output to this regular expression")
@@ -165,7 +167,8 @@ def summary_line(done: Done) -> str:
     return (
         f"[finish={done.finish_reason} prompt={u.prompt_tokens} cached={u.cached_tokens} "
         f"completion={u.completion_tokens} queue={t.queue_ms:.1f}ms ttft={t.ttft_ms:.1f}ms "
-        f"total={t.total_ms:.1f}ms decode={rate:.1f}tok/s preemptions={done.preemptions}]"
+        f"total={t.total_ms:.1f}ms decode={rate:.1f}tok/s preemptions={done.preemptions}"
+        f"{f' reasoning={u.reasoning_tokens}' if u.reasoning_tokens else ''}]"
     )
 
 
@@ -179,6 +182,8 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
     if args.n is not None:
         options["n"] = args.n
     options.update(tool_input(args))
+    if args.thinking_budget is not None:
+        options["thinking_budget_tokens"] = args.thinking_budget
     if (args.n or 1) > 1 or args.logprobs or args.echo_prompt_logprobs:
         with client.generate(**prompt_input(args), **options) as generation:
             result = generation.result()
@@ -189,6 +194,9 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
     with client.generate(**prompt_input(args), **options) as generation:
         for event in generation:
             if isinstance(event, Delta):
+                if event.reasoning:  # NOTE: a reasoning model's thought: stderr, so stdout is the answer alone
+                    sys.stderr.write(event.reasoning)
+                    sys.stderr.flush()
                 sys.stdout.write(event.text)
                 for call in event.tool_calls:  # NOTE: one JSON line per call, once it is complete
                     sys.stdout.write(("\n" if event.text else "") + call_line(call) + "\n")

@@ -44,6 +44,8 @@ class Delta:
     ``echo_prompt_logprobs``, one delta (before any text) carries ``prompt_logprobs``.
     ``choice_index`` says which of the ``n`` choices the delta belongs to. With tools, ``text`` is
     only the answer's text and ``tool_calls`` the calls completed with this delta (each whole, sent once).
+    A reasoning model's chat (``GetModelInfo().chat.reasoning`` set): ``reasoning`` is its thought
+    (markers removed) and ``text`` its answer alone.
     """
 
     text: str
@@ -52,6 +54,7 @@ class Delta:
     choice_index: int = 0
     prompt_logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, the thought's
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ class Result:
     """
 
     request_id: str
-    text: str = ""  # choice 0's text
+    text: str = ""  # choice 0's text (a reasoning model's chat: its answer)
+    reasoning: str = ""  # choice 0's thought (a reasoning model's chat)
     token_ids: list[int] = field(default_factory=list)
     done: Done | None = None  # the last Done (of the last choice to end)
     error: InferenceError | None = None
@@ -124,6 +129,7 @@ class Result:
             self.prompt_logprobs.extend(event.prompt_logprobs)
             if i == 0:
                 self.text += event.text
+                self.reasoning += event.reasoning
                 self.token_ids.extend(event.token_ids)
                 self.logprobs.extend(event.logprobs)
                 self.tool_calls.extend(event.tool_calls)
@@ -141,7 +147,8 @@ class Result:
 
 def usage_from_proto(msg: pb.Usage) -> Usage:
     """Convert a ``Usage`` message."""
-    return Usage(msg.prompt_tokens, msg.completion_tokens, msg.cached_tokens)
+    return Usage(msg.prompt_tokens, msg.completion_tokens, msg.cached_tokens,
+                 getattr(msg, "reasoning_tokens", 0))  # absent from stubs older than the field
 
 
 def timing_from_proto(msg: pb.Timing) -> Timing:
@@ -169,6 +176,7 @@ def event_from_proto(resp: pb.GenerateResponse) -> StreamEvent | None:
         return Delta(
             d.text, tuple(d.token_ids), _logprobs(d.logprobs), d.choice_index, _logprobs(d.prompt_logprobs),
             calls_from_proto(d.tool_calls),
+            getattr(d, "reasoning", ""),  # absent from stubs older than the field
         )
     if kind == "done":
         d = resp.done

@@ -53,6 +53,7 @@ _OPTIONAL_FIELDS = (
     "presence_penalty",
     "repetition_penalty",
     "json_repeat_penalty",
+    "thinking_budget_tokens",
 )
 _JSON_FINISH: dict[str, pb.JsonFinish] = {
     "cut_off": pb.JSON_FINISH_CUT_OFF,
@@ -119,6 +120,7 @@ class SamplingOptions(TypedDict, total=False):
     logit_bias: Mapping[int, float]
     json_finish: str | int
     json_repeat_penalty: float
+    thinking_budget_tokens: int
     raw_prompt: bool
     pretty: bool
 
@@ -171,6 +173,7 @@ class RequestSpec:
     logit_bias: Mapping[int, float] | None = None
     json_finish: str | int | None = None  # "cut_off" or "close_within_budget" (JSON output only)
     json_repeat_penalty: float | None = None
+    thinking_budget_tokens: int | None = None  # a reasoning model's chat: the thought's tokens at most (0: off)
     raw_prompt: bool = False  # GenerateJSON only: send a bare prompt without the chat template
     pretty: bool = False  # GenerateJSON only: the document indented
     tools: Sequence[ToolLike] = ()  # functions the model may call (see ``inference_client.tools``)

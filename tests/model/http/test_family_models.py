@@ -11,14 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx2
-import openai
 import pytest
 
 from service.chat.calls import ToolCall
 from service.chat.families import FAMILIES
-from tests.support.chat_templates import chat_template
-from tests.support.server import RunningServer, assert_kv_clean, free_port, start_server
-from tests.support.tiny_vocab import Family, build
+from tests.support.family_models import family_server, openai_client
+from tests.support.server import assert_kv_clean
 
 pytestmark = pytest.mark.model
 QWEN = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -53,19 +51,11 @@ ASK = [{"role": "user", "content": "Weather in Oslo?"}]
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
     name = request.param
     _family, control, bos, eos, user, _tools = CASES[name]
-    path = tmp_path_factory.mktemp("families") / f"{name}.gguf"
-    build(path, family=Family(f"{name}-tiny", control, bos, eos, chat_template(name), user), weights=7)
-    srv = start_server(model=str(path), http_port=free_port(), ctx=16384)
-    try:
+    with family_server(tmp_path_factory.mktemp("families") / f"{name}.gguf", name, control, bos, eos, user, 7) as srv:
         yield name, srv
-    finally:
-        srv.close()
 
 
-def clients(srv: RunningServer) -> tuple[openai.OpenAI, str]:
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server.http_port}/v1", api_key="unused", max_retries=0,
-                           timeout=600)
-    return client, client.models.list().data[0].id
+clients = openai_client
 
 
 def test_the_family_is_detected_and_reported(served: tuple[str, Any]) -> None:

@@ -186,9 +186,10 @@ def test_auto_tool_choice_answers_text_or_a_valid_call(client: openai.OpenAI) ->
         assert c.message.tool_calls is None and "<tool_call>" not in (c.message.content or "")
 
 
-def test_the_model_object_says_how_tools_reach_the_model(client: openai.OpenAI) -> None:
+def test_the_model_object_says_how_tools_reach_the_model_and_that_it_does_not_reason(client: openai.OpenAI) -> None:
     fmt = (client.models.retrieve(MODEL).model_extra or {})["chat_format"]
-    assert fmt == {"family": "generic", "tools": "system_turn", "renders": ["system"], "parallel_tool_calls": True}
+    assert fmt == {"family": "generic", "tools": "system_turn", "renders": ["system"], "parallel_tool_calls": True,
+                   "reasoning": None}
 
 
 @pytest.mark.parametrize(("kw", "param"), [

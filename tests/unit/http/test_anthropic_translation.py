@@ -54,13 +54,14 @@ def test_sampling_fields_map_onto_the_proto() -> None:
     assert parse(top_p=0).request.sampling.top_k == 1  # top_p 0: greedy, as the chat route treats it
 
 
-def test_tool_history_renders_as_the_chat_route_renders_it() -> None:
+def test_tool_history_and_its_thought_render_as_the_chat_route_renders_them() -> None:
     history = [*USER, {"role": "assistant", "content": [
         {"type": "thinking", "thinking": "hmm", "signature": "x"},
         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
     ours = parse(messages=history).request.messages
-    chat = parse_chat({"model": "m", "messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [
+    chat = parse_chat({"model": "m", "messages": [*USER, {"role": "assistant", "content": None,
+                                                          "reasoning_content": "hmm", "tool_calls": [
         {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}]}, "m", None).request.messages
     assert list(ours) == list(chat)
@@ -97,9 +98,15 @@ def test_output_config_format_is_a_validated_json_schema() -> None:
     assert json.loads(p.request.response_format.json_schema) == schema and p.output.schema is not None
 
 
-def test_thinking_config_is_accepted_and_produces_no_reasoning() -> None:
+def test_the_thinking_config_becomes_enable_thinking_and_the_thinking_budget() -> None:
     p = parse(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024})
-    assert p.request.sampling.max_tokens == 2048
+    assert p.request.sampling.max_tokens == 2048 and p.request.sampling.thinking_budget_tokens == 1024
+    assert json.loads(p.request.chat_template_kwargs) == {"enable_thinking": True}
+    off = parse(max_tokens=2048, thinking={"type": "disabled"}).request
+    assert off.sampling.thinking_budget_tokens == 0 and json.loads(off.chat_template_kwargs) == {"enable_thinking": False}
+    adaptive = parse(max_tokens=2048, thinking={"type": "adaptive"}).request
+    assert not adaptive.sampling.HasField("thinking_budget_tokens")
+    assert not parse(max_tokens=2048).request.chat_template_kwargs
     assert refused(max_tokens=1024, thinking={"type": "enabled", "budget_tokens": 1024}).param == \
         "thinking.budget_tokens"
 
@@ -131,9 +138,11 @@ def test_bad_fields_are_400_naming_them(kw: dict[str, Any], param: str) -> None:
 
 
 def test_count_tokens_turns_include_the_tools() -> None:
-    plain, none = count_turns({"model": "m", "messages": USER})
-    turns, tools = count_turns({"model": "m", "messages": USER, "tools": [WEATHER]})
-    assert [m.role for m in plain] == [m.role for m in turns] == ["user"] and none == []
+    plain, none, variables = count_turns({"model": "m", "messages": USER})
+    turns, tools, _ = count_turns({"model": "m", "messages": USER, "tools": [WEATHER]})
+    assert [m.role for m in plain] == [m.role for m in turns] == ["user"] and none == [] and variables == ""
+    thinking = count_turns({"model": "m", "messages": USER, "thinking": {"type": "disabled"}})[2]
+    assert json.loads(thinking) == {"enable_thinking": False}  # as the message itself renders
     assert [t.name for t in tools] == ["get_weather"] and json.loads(tools[0].parameters)["required"] == ["city"]
     with pytest.raises(ApiError) as info:
         count_turns({"model": "m", "messages": USER, "max_tokens": 5})  # not a count_tokens field

@@ -26,6 +26,7 @@ def test_lines_become_items_or_refusals_with_their_reason() -> None:
         "{not json",
         "",
         line("e", {**good, "temperature": "hot"}),
+        line("f", {**good, "thinking_budget_tokens": 8}),
     ]).encode()
     out = parse_lines(data, CHAT, "m")
     assert isinstance(out[0], bpb.BatchItem) and out[0].custom_id == "a"
@@ -34,7 +35,8 @@ def test_lines_become_items_or_refusals_with_their_reason() -> None:
     assert "cannot stream" in refusals["b"] and "url /v1/chat/completions" in refusals["c"]
     assert "model must be 'm'" in refusals["d"] and "'temperature' must be a number" in refusals["e"]
     assert refusals[""] == "line 5 is not valid JSON"
-    assert len(out) == 6
+    assert "cannot take a thinking budget" in refusals["f"]
+    assert len(out) == 7
 
 
 def batch(state: int = bpb.BATCH_STATE_COMPLETED) -> bpb.Batch:

@@ -76,10 +76,22 @@ def test_text_format_json_schema_is_constrained_and_validated() -> None:
     assert not parse(text={"format": {"type": "text"}}).request.HasField("response_format")
 
 
-def test_reasoning_effort_and_metadata_are_accepted_and_echoed() -> None:
+def test_reasoning_effort_is_the_template_variable_and_metadata_are_echoed() -> None:
     p = parse(reasoning={"effort": "high"}, metadata={"k": "v"}, user="u1", truncation="auto",
               include=["reasoning.encrypted_content"])
     assert p.echo["reasoning"]["effort"] == "high" and p.echo["metadata"] == {"k": "v"} and p.echo["user"] == "u1"
+    assert json.loads(p.request.chat_template_kwargs) == {"reasoning_effort": "high"}
+    assert refused(reasoning={"effort": "huge"}).param == "reasoning.effort"
+
+
+def test_a_reasoning_items_text_is_the_thought_of_the_assistant_turn_it_joins() -> None:
+    p = parse(input=[{"role": "user", "content": "Hi"},
+                     {"type": "reasoning", "id": "rs_1", "summary": [],
+                      "content": [{"type": "reasoning_text", "text": "think"}]},
+                     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Yo"}]},
+                     {"role": "user", "content": "Again"}])
+    assert [(m.role, m.content, m.reasoning_content) for m in p.request.messages] == \
+        [("user", "Hi", ""), ("assistant", "Yo", "think"), ("user", "Again", "")]
 
 
 @pytest.mark.parametrize(("kw", "param"), [

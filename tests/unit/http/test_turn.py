@@ -91,6 +91,12 @@ def test_matched_stop_reads_the_stop_string_from_the_tokens_after_the_text() -> 
     assert matched_stop(vocab, [0, 1, 2], "Hello", []) is None
 
 
+def test_matched_stop_finds_the_stop_string_after_a_reasoning_models_answer() -> None:
+    vocab = [b"<think>", b"hm", b"</think>", b"\n\nHe", b"llo", b" wor"]
+    assert matched_stop(vocab, [0, 1, 2, 3, 4, 5], "Hello", [" w"]) == " w"  # the answer after the thought
+    assert matched_stop(vocab, [0, 1, 2, 3, 4], "Hello", [" w"]) is None
+
+
 async def test_turn_reports_its_stop_sequence() -> None:
     t = turn(stops=("lo",), token_bytes=[b"Hel", b"lo"])
     got = await pieces(t, [delta("Hel", (0, 1)), done()])
