@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from bench.harness.config import ROOT
 from bench.harness.procs import GrpcServer, free_port
@@ -55,19 +55,19 @@ class Probe:
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._health, self._neighbour)]
 
     def _health(self) -> None:
-        with httpx.Client(timeout=600) as c:
+        with httpx2.Client(timeout=600) as c:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
                 try:
                     self.statuses.append(str(c.get(f"{self.base}/health").status_code))
-                except httpx.HTTPError as exc:
+                except httpx2.HTTPError as exc:
                     self.statuses.append(type(exc).__name__)
                 self.health_ms.append((time.perf_counter() - t0) * 1e3)
                 self._stop.wait(POLL_S)
 
     def _neighbour(self) -> None:
         i = 0
-        with httpx.Client(timeout=600) as c:
+        with httpx2.Client(timeout=600) as c:
             while not self._stop.is_set():
                 i += 1
                 body = {"model": MODEL, "max_tokens": 8, "stream": True, "temperature": 0,
@@ -81,7 +81,7 @@ class Probe:
                             if first and line.startswith("data: ") and '"content"' in line:
                                 self.ttft_ms.append((time.perf_counter() - t0) * 1e3)
                                 first = False
-                except httpx.HTTPError as exc:
+                except httpx2.HTTPError as exc:
                     self.statuses.append(type(exc).__name__)
 
     def __enter__(self) -> Probe:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import httpx
+import httpx2
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -69,7 +69,7 @@ class Posts(Attack):
 
     def _run(self) -> None:
         data = self.body()
-        with httpx.Client(timeout=1200) as c:
+        with httpx2.Client(timeout=1200) as c:
             for _ in range(self.count):
                 if self.stopping.is_set():
                     return
@@ -119,7 +119,7 @@ class BadInputs(Attack):
     name = "bad_inputs"
 
     def _run(self) -> None:
-        with httpx.Client(timeout=120) as c:
+        with httpx2.Client(timeout=120) as c:
             while not self.stopping.is_set():
                 for data in bad_inputs():
                     r = c.post(self.http + "/v1/chat/completions", content=data,
