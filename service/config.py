@@ -212,7 +212,8 @@ HELP = {
     "http_port": "OpenAI-compatible HTTP API, /metrics and /health on this port, in the same process and event "
     "loop (same --host, TLS files and tenants as gRPC; 0 = off; docs/openai.md)",
     "http_max_connections": "most open HTTP connections; one more takes the place of the oldest connection "
-    "still waiting for its request head, or is answered 503 and closed when every open one is in a request "
+    "still waiting for its request head (one that never completed a request before an idle kept-alive one "
+    "that did), or is answered 503 and closed when every open one is in a request "
     "(docs/security.md)",
     "http_header_timeout_s": "an HTTP request head (request line and headers) not complete this long after "
     "the connection opened (on a kept-alive connection, after its first byte) gets 408 and the connection is "

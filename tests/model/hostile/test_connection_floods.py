@@ -218,7 +218,7 @@ def test_a_grpc_connection_without_a_handshake_is_closed(strict: Server) -> None
 @pytest.fixture(scope="module")
 def capped() -> Iterator[Server]:
     srv = Server("--http-max-connections", "50", "--http-header-timeout-s", "60", "--http-body-timeout-s", "60",
-                 "--grpc-max-connections", "8", "--grpc-handshake-timeout-s", "60")
+                 "--http-keep-alive-s", "600", "--grpc-max-connections", "8", "--grpc-handshake-timeout-s", "60")
     with httpx2.Client(base_url=srv.base, timeout=CEILING_S) as http:  # warm: the lazily opened descriptors
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}).status_code == 200
     yield srv
@@ -250,6 +250,35 @@ def test_a_flood_past_the_cap_is_shed_while_health_and_an_admitted_stream_go_on(
     assert json.loads(events[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
     wait_until(lambda: capped.fds() <= baseline, f"descriptors back to {baseline}")
     assert len(capped.log_lines("HTTP connection cap (50) reached")) <= 3  # one line per 10 s at most
+
+
+def health_on(sock: socket.socket) -> bytes:
+    """``GET /health`` on an open connection (kept alive), read to the end of its body."""
+    sock.setblocking(True)
+    sock.settimeout(CEILING_S)
+    sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    got = b""
+    while b'{"status":"ok"}' not in got:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the kept-alive connection; got {got[:200]!r}"
+        got += chunk
+    return got
+
+
+def test_a_kept_alive_connection_that_served_a_request_outlives_a_half_sent_flood(capped: Server) -> None:
+    # the health probe's case in issue #35's benchmark: idle between its checks, its connection was
+    # reclaimed by a flood of half-sent heads; connections that never completed a request go first
+    with connect(capped.http_port) as kept:
+        assert health_on(kept).startswith(b"HTTP/1.1 200")  # it served a request; idle now
+        flood = [connect(capped.http_port, PARTIAL_HEAD) for _ in range(200)]  # 4x the cap of 50
+        try:
+            # 150 places had to be freed (the cap holds 50: the kept connection and 49 others)
+            wait_until(lambda: sum(closed_by_server(s) for s in flood) >= 150, "150 flood connections reclaimed")
+            assert not closed_by_server(kept), "the kept-alive connection was reclaimed before the flood's"
+            assert health_on(kept).startswith(b"HTTP/1.1 200")  # the same connection, during the flood
+        finally:
+            for sock in flood:
+                sock.close()
 
 
 def test_when_every_place_is_in_a_request_a_new_connection_gets_503(capped: Server) -> None:
