@@ -246,6 +246,35 @@ class GrpcStall(Attack):
         self.channel.close()
 
 
+class GrpcReaders(GrpcStall):
+    """The control of ``grpc_stall``: the same 16 streams, read to their end (their cost as honest load)."""
+
+    name = "grpc_readers_control"
+
+    def _run(self) -> None:
+        stub = pb_grpc.InferenceServiceStub(self.channel)
+        readers = []
+        for i in range(self.n):
+            req = pb.GenerateRequest(request_id=f"read-{i}", prompt="Tell me a long story.",
+                                     sampling=pb.SamplingParams(max_tokens=1500, ignore_eos=True))
+            call = stub.Generate(iter([req]))
+            next(call)
+            self.calls.append(call)
+            self.statuses.append("OK")
+            readers.append(threading.Thread(target=self._drain, args=(call,), daemon=True))
+            readers[-1].start()
+        self.holding.set()
+        self.stopping.wait()
+
+    @staticmethod
+    def _drain(call: Any) -> None:
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError:  # cancelled by ``release``
+            pass
+
+
 def catalogue(http: str, grpc_target: str) -> list[Callable[[], Attack]]:
     """Every attack of the study, in the order it runs them."""
     chat = "/v1/chat/completions"
@@ -261,6 +290,7 @@ def catalogue(http: str, grpc_target: str) -> list[Callable[[], Attack]]:
         lambda: Sockets(http, grpc_target, "half_sent_flood", 3000),
         lambda: SseStall(http, grpc_target),
         lambda: GrpcStall(http, grpc_target),
+        lambda: GrpcReaders(http, grpc_target),  # not an attack: the same load, read
     ]
 
 
