@@ -13,6 +13,7 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -313,6 +314,48 @@ def test_grpc_connections_past_the_cap_are_closed_at_once(capped: Server) -> Non
         for sock in socks:
             sock.close()
     assert grpc_health(capped.grpc_port) == health_pb2.HealthCheckResponse.SERVING  # places freed
+
+
+# -- a burst of connections already queued in the kernel: the loop takes them in batches ---------------------
+def accept_queue(port: int) -> int:
+    """Connections the kernel holds for ``accept()`` on the listening socket of ``port`` (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:  # LISTEN
+                return int(fields[4].split(":")[1], 16)  # rx_queue of a listener: its accept queue
+    raise AssertionError(f"no listening socket on port {port}")
+
+
+def test_a_kept_alive_request_is_answered_before_a_queued_burst_of_connections_is_all_accepted() -> None:
+    # issue #35: asyncio accepted up to the backlog (2,048) connections in one go and set each up before
+    # anything else ran, so a health check waited for a whole burst of a flood. The burst is made certain
+    # here: the server is stopped (SIGSTOP) while the connections queue in the kernel and the request is sent.
+    srv = Server("--http-max-connections", "4000", "--http-header-timeout-s", "60")
+    flood: list[socket.socket] = []
+    try:
+        with connect(srv.http_port) as kept:
+            assert health_on(kept).startswith(b"HTTP/1.1 200")
+            os.kill(srv.pid, signal.SIGSTOP)
+            try:
+                flood = [connect(srv.http_port, PARTIAL_HEAD) for _ in range(1900)]
+                assert accept_queue(srv.http_port) == 1900
+                kept.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            finally:
+                os.kill(srv.pid, signal.SIGCONT)
+            answer = b""
+            while b'{"status":"ok"}' not in answer:
+                chunk = kept.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            queued = accept_queue(srv.http_port)  # at the answer: most of the burst still waits
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert queued > 0, "every queued connection was set up before the kept-alive request was answered"
+        wait_until(lambda: accept_queue(srv.http_port) == 0, "the whole burst accepted")
+    finally:
+        for sock in flood:
+            sock.close()
+        srv.close()
 
 
 # -- out of descriptors: accept() fails, and says so once, not 2,000 times a second -------------------------
