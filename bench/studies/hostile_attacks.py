@@ -221,6 +221,7 @@ class GrpcStall(Attack):
     """``n`` gRPC Generate streams that read their first event, then stop reading."""
 
     name = "grpc_stall"
+    id_prefix = "stall"
 
     def __init__(self, http: str, grpc_target: str, n: int = 16) -> None:
         super().__init__(http, grpc_target)
@@ -231,14 +232,18 @@ class GrpcStall(Attack):
     def _run(self) -> None:
         stub = pb_grpc.InferenceServiceStub(self.channel)
         for i in range(self.n):
-            req = pb.GenerateRequest(request_id=f"stall-{i}", prompt="Tell me a long story.",
+            req = pb.GenerateRequest(request_id=f"{self.id_prefix}-{i}", prompt="Tell me a long story.",
                                      sampling=pb.SamplingParams(max_tokens=1500, ignore_eos=True))
             call = stub.Generate(iter([req]))
             next(call)
             self.calls.append(call)
             self.statuses.append("OK")
+            self._opened(call)
         self.holding.set()
         self.stopping.wait()
+
+    def _opened(self, call: Any) -> None:
+        """A call has read its first event: it reads no more."""
 
     def release(self) -> None:
         for call in self.calls:
@@ -250,21 +255,10 @@ class GrpcReaders(GrpcStall):
     """The control of ``grpc_stall``: the same 16 streams, read to their end (their cost as honest load)."""
 
     name = "grpc_readers_control"
+    id_prefix = "read"
 
-    def _run(self) -> None:
-        stub = pb_grpc.InferenceServiceStub(self.channel)
-        readers = []
-        for i in range(self.n):
-            req = pb.GenerateRequest(request_id=f"read-{i}", prompt="Tell me a long story.",
-                                     sampling=pb.SamplingParams(max_tokens=1500, ignore_eos=True))
-            call = stub.Generate(iter([req]))
-            next(call)
-            self.calls.append(call)
-            self.statuses.append("OK")
-            readers.append(threading.Thread(target=self._drain, args=(call,), daemon=True))
-            readers[-1].start()
-        self.holding.set()
-        self.stopping.wait()
+    def _opened(self, call: Any) -> None:
+        threading.Thread(target=self._drain, args=(call,), daemon=True).start()
 
     @staticmethod
     def _drain(call: Any) -> None:

@@ -153,11 +153,16 @@ def test_sse_reader_that_stops_reading_is_paused_within_the_bound_then_cancelled
     assert_kv_clean(srv)
 
 
-def test_grpc_caller_that_stops_reading_is_paused_within_the_bound_then_cancelled(srv: RunningServer) -> None:
-    before = generated(srv)
+def stalled_grpc_call(srv: RunningServer) -> RawGrpcCall:
+    """A long greedy request with log-probabilities from a raw HTTP/2 client with a 4 KiB receive buffer."""
     request = req("stalled", "Tell me a long story.", MAX_TOKENS, ignore_eos=True, logprobs=True,
                   top_logprobs=TOP_LOGPROBS)
-    call = RawGrpcCall("127.0.0.1", srv.port, request, rcvbuf=RCVBUF)
+    return RawGrpcCall("127.0.0.1", srv.port, request, rcvbuf=RCVBUF)
+
+
+def test_grpc_caller_that_stops_reading_is_paused_within_the_bound_then_cancelled(srv: RunningServer) -> None:
+    before = generated(srv)
+    call = stalled_grpc_call(srv)
     try:
         responses = call.responses()
         first = next(responses)
@@ -208,9 +213,7 @@ def test_a_grpc_caller_whose_window_is_full_is_paused_by_the_pending_write_whate
     # pace for the stream; the pause must not wait for it (--stream-write-pending-s, 1 s by default)
     srv = far_backlog
     before = generated(srv)
-    request = req("stalled", "Tell me a long story.", MAX_TOKENS, ignore_eos=True, logprobs=True,
-                  top_logprobs=TOP_LOGPROBS)
-    call = RawGrpcCall("127.0.0.1", srv.port, request, rcvbuf=RCVBUF)
+    call = stalled_grpc_call(srv)
     try:
         responses = call.responses()
         assert next(responses).WhichOneof("event") == "delta"
