@@ -57,6 +57,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
         [
             "stream_backlog",
             "stream_stall_timeout_s",
+            "stream_write_pending_s",
             "max_connection_age_s",
             "max_connection_age_grace_s",
             "keepalive_time_s",

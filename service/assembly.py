@@ -95,8 +95,10 @@ def build_engine(
 
 
 def stream_limits(config: ServerConfig) -> StreamLimits:
-    """Backpressure of one Generate stream: pause past ``--stream-backlog``, resume at a quarter of it."""
-    return StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s)
+    """Backpressure of one Generate stream: pause past ``--stream-backlog`` or a write pending
+    ``--stream-write-pending-s``, resume at a quarter of the backlog."""
+    return StreamLimits(config.stream_backlog, max(1, config.stream_backlog // 4), config.stream_stall_timeout_s,
+                        config.stream_write_pending_s)
 
 
 def input_limits(config: ServerConfig) -> InputLimits:

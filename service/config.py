@@ -60,6 +60,7 @@ class ServerConfig:
     exit_on_engine_failure: bool = True
     stream_backlog: int = 256
     stream_stall_timeout_s: float = 60.0
+    stream_write_pending_s: float = 1.0
     max_connection_age_s: float = 0.0
     max_connection_age_grace_s: float = 0.0
     keepalive_time_s: float = 60.0
@@ -167,6 +168,9 @@ HELP = {
     "(they resume at a quarter of it); counted by the client's acknowledgements when it sends them (the "
     "Python client does), else by what the transport has taken",
     "stream_stall_timeout_s": "a Generate stream paused this long for an unread backlog has its requests cancelled",
+    "stream_write_pending_s": "a Generate stream whose write to the transport has been pending this long "
+    "(the client's flow-control window or receive buffer is full) pauses its requests until the write "
+    "completes, whatever --stream-backlog counts (0 = only the backlog pauses)",
     "max_connection_age_s": "close each client connection (GOAWAY) after this long so clients re-resolve "
     "and new replicas get traffic (0 = never)",
     "max_connection_age_grace_s": "after that GOAWAY, time left to open calls before the connection is "
@@ -212,7 +216,8 @@ HELP = {
     "http_port": "OpenAI-compatible HTTP API, /metrics and /health on this port, in the same process and event "
     "loop (same --host, TLS files and tenants as gRPC; 0 = off; docs/openai.md)",
     "http_max_connections": "most open HTTP connections; one more takes the place of the oldest connection "
-    "still waiting for its request head, or is answered 503 and closed when every open one is in a request "
+    "still waiting for its request head (one that never completed a request before an idle kept-alive one "
+    "that did), or is answered 503 and closed when every open one is in a request "
     "(docs/security.md)",
     "http_header_timeout_s": "an HTTP request head (request line and headers) not complete this long after "
     "the connection opened (on a kept-alive connection, after its first byte) gets 408 and the connection is "
@@ -323,6 +328,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--threads must be >= 1"
     if min(c.max_messages, c.max_tools, c.max_stop_strings, c.max_logit_bias) < 1:
         return "--max-messages, --max-tools, --max-stop-strings and --max-logit-bias must be >= 1"
+    if c.stream_write_pending_s < 0:
+        return "--stream-write-pending-s must be >= 0"
     if c.step_timeout_s < 0 or c.stream_stall_timeout_s <= 0 or c.stream_backlog < 4:
         return "--step-timeout-s must be >= 0, --stream-stall-timeout-s > 0 and --stream-backlog >= 4"
     if min(c.max_connection_age_s, c.max_connection_age_grace_s, c.keepalive_time_s) < 0:

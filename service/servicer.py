@@ -61,7 +61,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
             while (item := await stream.out.get()) is not None:
-                yield item
+                stream.on_write()
+                yield item  # NOTE: grpc.aio resumes the handler once the write has completed
                 stream.on_sent()
         finally:
             reader.cancel()

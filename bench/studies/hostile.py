@@ -1,6 +1,7 @@
 """Does any attack stall the others? Health and a neighbour's TTFT during each hostile input (issue #35).
 
-``python -m bench.studies.hostile [--source DIR] [--attack-s 10] [--only NAME ...] [--out FILE]``
+``python -m bench.studies.hostile [--source DIR] [--attack-s 10] [--only NAME ...] [--rounds 1]
+[--final-settle-s 0] [--out FILE]``
 
 One server (the default model, HTTP API on, the response cache off; ``--source``: another
 checkout's code, as for ``bench.studies.revisions_ab``). For each attack of
@@ -12,6 +13,11 @@ checkout's code, as for ``bench.studies.revisions_ab``). For each attack of
    with the same polling and the same neighbour;
 3. the attack stops and releases what it holds; the server's descriptors and RSS are read after
    they settle (up to ``SETTLE_S``).
+
+``--rounds``: the catalogue that many times on the same server (a leak grows RSS every round; the
+allocator's high-water mark does not); ``--final-settle-s``: RSS read again that long after the
+last attack (``rss_settle``). The last entry, ``grpc_readers_control``, is not an attack: the
+16 streams of ``grpc_stall``, read to their end, so the stall's cost can be told from the load's.
 
 Reported per attack: health p50/p99/max (baseline, during), the neighbour's TTFT p50/p99
 (baseline, during) and their ratio, the attack's statuses, 5xx anywhere, descriptors and RSS
@@ -30,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from bench.harness.config import ROOT
 from bench.harness.procs import GrpcServer, free_port
@@ -55,19 +61,19 @@ class Probe:
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._health, self._neighbour)]
 
     def _health(self) -> None:
-        with httpx.Client(timeout=600) as c:
+        with httpx2.Client(timeout=600) as c:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
                 try:
                     self.statuses.append(str(c.get(f"{self.base}/health").status_code))
-                except httpx.HTTPError as exc:
+                except httpx2.HTTPError as exc:
                     self.statuses.append(type(exc).__name__)
                 self.health_ms.append((time.perf_counter() - t0) * 1e3)
                 self._stop.wait(POLL_S)
 
     def _neighbour(self) -> None:
         i = 0
-        with httpx.Client(timeout=600) as c:
+        with httpx2.Client(timeout=600) as c:
             while not self._stop.is_set():
                 i += 1
                 body = {"model": MODEL, "max_tokens": 8, "stream": True, "temperature": 0,
@@ -81,7 +87,7 @@ class Probe:
                             if first and line.startswith("data: ") and '"content"' in line:
                                 self.ttft_ms.append((time.perf_counter() - t0) * 1e3)
                                 first = False
-                except httpx.HTTPError as exc:
+                except httpx2.HTTPError as exc:
                     self.statuses.append(type(exc).__name__)
 
     def __enter__(self) -> Probe:
@@ -147,24 +153,34 @@ def main() -> None:
     ap.add_argument("--source", type=Path, default=ROOT)
     ap.add_argument("--attack-s", type=float, default=10.0)
     ap.add_argument("--only", nargs="*", default=None, help="attack names to run (default: all)")
+    ap.add_argument("--rounds", type=int, default=1, help="run the catalogue this many times")
+    ap.add_argument("--final-settle-s", type=float, default=0.0, help="read RSS again this long after the end")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     port = free_port()
     http = f"http://127.0.0.1:{port}"
     server = GrpcServer("hostile", MODEL_PATH, "--http-port", str(port), source=args.source.resolve())
-    rows = []
+    rows: list[dict[str, Any]] = []
+    settle: dict[str, Any] = {}
     try:
         server.start()
-        for make in catalogue(http, server.target):
-            attack = make()
-            if args.only and attack.name not in args.only:
-                continue
-            rows.append(_run_one(server, http, attack, args.attack_s))
-            print(json.dumps(rows[-1]), flush=True)
+        for round_ in range(1, args.rounds + 1):
+            for make in catalogue(http, server.target):
+                attack = make()
+                if args.only and attack.name not in args.only:
+                    continue
+                rows.append({"round": round_, **_run_one(server, http, attack, args.attack_s)})
+                print(json.dumps(rows[-1]), flush=True)
+        if args.final_settle_s > 0:
+            settle = {"after_s": args.final_settle_s, "rss_mb_before": _rss_mb(server.pid)}
+            time.sleep(args.final_settle_s)
+            settle.update(rss_mb_after=_rss_mb(server.pid), fds=_fds(server.pid), load1=round(os.getloadavg()[0], 2))
+            print(json.dumps({"rss_settle": settle}), flush=True)
     finally:
         server.stop()
     if args.out is not None:
-        args.out.write_text(json.dumps({"source": str(args.source.resolve()), "rows": rows}, indent=1) + "\n")
+        out = {"source": str(args.source.resolve()), "rows": rows, "rss_settle": settle}
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

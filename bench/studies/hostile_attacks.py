@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import httpx
+import httpx2
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -69,7 +69,7 @@ class Posts(Attack):
 
     def _run(self) -> None:
         data = self.body()
-        with httpx.Client(timeout=1200) as c:
+        with httpx2.Client(timeout=1200) as c:
             for _ in range(self.count):
                 if self.stopping.is_set():
                     return
@@ -119,7 +119,7 @@ class BadInputs(Attack):
     name = "bad_inputs"
 
     def _run(self) -> None:
-        with httpx.Client(timeout=120) as c:
+        with httpx2.Client(timeout=120) as c:
             while not self.stopping.is_set():
                 for data in bad_inputs():
                     r = c.post(self.http + "/v1/chat/completions", content=data,
@@ -221,6 +221,7 @@ class GrpcStall(Attack):
     """``n`` gRPC Generate streams that read their first event, then stop reading."""
 
     name = "grpc_stall"
+    id_prefix = "stall"
 
     def __init__(self, http: str, grpc_target: str, n: int = 16) -> None:
         super().__init__(http, grpc_target)
@@ -231,19 +232,41 @@ class GrpcStall(Attack):
     def _run(self) -> None:
         stub = pb_grpc.InferenceServiceStub(self.channel)
         for i in range(self.n):
-            req = pb.GenerateRequest(request_id=f"stall-{i}", prompt="Tell me a long story.",
+            req = pb.GenerateRequest(request_id=f"{self.id_prefix}-{i}", prompt="Tell me a long story.",
                                      sampling=pb.SamplingParams(max_tokens=1500, ignore_eos=True))
             call = stub.Generate(iter([req]))
             next(call)
             self.calls.append(call)
             self.statuses.append("OK")
+            self._opened(call)
         self.holding.set()
         self.stopping.wait()
+
+    def _opened(self, call: Any) -> None:
+        """A call has read its first event: it reads no more."""
 
     def release(self) -> None:
         for call in self.calls:
             call.cancel()
         self.channel.close()
+
+
+class GrpcReaders(GrpcStall):
+    """The control of ``grpc_stall``: the same 16 streams, read to their end (their cost as honest load)."""
+
+    name = "grpc_readers_control"
+    id_prefix = "read"
+
+    def _opened(self, call: Any) -> None:
+        threading.Thread(target=self._drain, args=(call,), daemon=True).start()
+
+    @staticmethod
+    def _drain(call: Any) -> None:
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError:  # cancelled by ``release``
+            pass
 
 
 def catalogue(http: str, grpc_target: str) -> list[Callable[[], Attack]]:
@@ -261,6 +284,7 @@ def catalogue(http: str, grpc_target: str) -> list[Callable[[], Attack]]:
         lambda: Sockets(http, grpc_target, "half_sent_flood", 3000),
         lambda: SseStall(http, grpc_target),
         lambda: GrpcStall(http, grpc_target),
+        lambda: GrpcReaders(http, grpc_target),  # not an attack: the same load, read
     ]
 
 

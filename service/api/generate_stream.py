@@ -15,8 +15,8 @@ itself owns only what is the stream's:
   the order the client sent them;
 * backpressure: past ``backlog_high`` messages the client has not read
   (``service.api.stream_backlog``) the stream's flights pause, at
-  ``backlog_low`` they resume, and a stream paused for ``stall_timeout_s`` has
-  its requests cancelled.
+  ``backlog_low`` they resume (a write pending ``write_pending_s`` pauses them
+  too), and a stream paused for ``stall_timeout_s`` has its requests cancelled.
 
 Event-loop only.
 """
@@ -164,6 +164,10 @@ class GenerateStream:
             self.out.put_nowait(None)
 
     # -- backpressure ----------------------------------------------------------------------------
+    def on_write(self) -> None:
+        """The RPC hands one message to the transport (``on_sent`` once the write completed)."""
+        self.backlog.on_write()
+
     def on_sent(self) -> None:
         """The RPC wrote one message to the transport."""
         self.backlog.on_sent()
@@ -182,7 +186,7 @@ class GenerateStream:
     def abort_all(self) -> None:
         """The RPC ended (client closed, deadline, error): cancel what is still running."""
         self.closed = True
-        self.backlog.cancel_stall()
+        self.backlog.close()
         for flight in self._flights():
             flight.cancel()
         self.active.clear()

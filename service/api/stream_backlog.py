@@ -23,6 +23,15 @@ measure (the bounds: docs/operations.md, "Clients that stop reading").
 At ``high`` the stream's requests pause (``on_pause(True)``); at ``low`` or below
 they resume (``on_pause(False)``); a stream paused for ``stall_timeout_s`` gets
 ``on_stall()`` (its requests are cancelled). Event loop only.
+
+A write that has been pending ``write_pending_s`` (``on_write`` ... ``on_sent``, 0 = off) pauses the
+stream too, whatever the count; it resumes once that write completes and the count is at ``low``
+or below. NOTE: the count alone bit only ``high`` messages after the transport stopped taking
+writes, and those messages come at the engine's pace for the stream: with 16 such streams sharing
+the engine (about 4 tokens a second each) that was another minute of rows taken from every
+neighbour before the pause, and the stall timeout only starts at the pause. A write pending for
+a second means the client's window (or receive buffer) is full: it has a window's worth it has not
+read, so pausing costs a reader nothing it would notice.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ class StreamLimits:
     backlog_high: int = 256
     backlog_low: int = 64
     stall_timeout_s: float = 60.0
+    write_pending_s: float = 1.0  # a write pending this long pauses the stream (0: only the count does)
 
 
 def acknowledges(metadata: Iterable[tuple[str, str | bytes]] | None) -> bool:
@@ -71,7 +81,10 @@ class Backlog:
         self.sent = 0  # messages whose write completed
         self.acked = 0  # messages the client says it has read
         self.paused = False
+        self.writing_since: float | None = None  # loop time the pending write started
+        self.write_stuck = False  # that write has been pending ``write_pending_s``
         self._stall: asyncio.TimerHandle | None = None
+        self._pending: asyncio.TimerHandle | None = None
 
     @property
     def value(self) -> int:
@@ -82,8 +95,29 @@ class Backlog:
         self.produced += 1
         self._update()
 
+    def on_write(self) -> None:
+        """A write of one message to the transport started; ``on_sent`` when it completes."""
+        loop = asyncio.get_running_loop()
+        self.writing_since = loop.time()
+        if self._pending is None and self.limits.write_pending_s > 0:
+            self._pending = loop.call_later(self.limits.write_pending_s, self._check_pending)
+
     def on_sent(self) -> None:
         self.sent += 1
+        self.writing_since, self.write_stuck = None, False
+        self._update()
+
+    def _check_pending(self) -> None:
+        """The one timer of ``on_write``: re-armed for the write pending now, if any."""
+        self._pending = None
+        if self.writing_since is None:
+            return
+        loop = asyncio.get_running_loop()
+        left = self.writing_since + self.limits.write_pending_s - loop.time()
+        if left > 0:
+            self._pending = loop.call_later(left, self._check_pending)
+            return
+        self.write_stuck = True
         self._update()
 
     def on_ack(self, read: int) -> None:
@@ -97,16 +131,17 @@ class Backlog:
         self._update()
 
     def _update(self) -> None:
-        if not self.paused and self.value >= self.limits.backlog_high:
+        if not self.paused and (self.write_stuck or self.value >= self.limits.backlog_high):
             self._set(True)
-        elif self.paused and self.value <= self.limits.backlog_low:
+        elif self.paused and not self.write_stuck and self.value <= self.limits.backlog_low:
             self._set(False)
 
     def _set(self, paused: bool) -> None:
         self.paused = paused
         log.debug(
-            "Generate stream %s: produced %d, written %d, read %d (acks %s)",
+            "Generate stream %s: produced %d, written %d, read %d (acks %s)%s",
             "paused" if paused else "resumed", self.produced, self.sent, self.acked, self.acks,
+            f"; a write pending {self.limits.write_pending_s:g} s" if self.write_stuck else "",
         )
         self.on_pause(paused)
         if paused:
@@ -118,3 +153,10 @@ class Backlog:
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
+
+    def close(self) -> None:
+        """The stream ended: no timer of its may fire."""
+        self.cancel_stall()
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None

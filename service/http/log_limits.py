@@ -4,8 +4,8 @@
   between are counted and the count goes into the next line.
 * ``limit_accept_errors``: the event loop's exception handler for a failed ``accept()``
   (out of descriptors, ENFILE, ENOBUFS, ENOMEM). NOTE: asyncio reports each such failure
-  with a traceback and, on that error, keeps calling ``accept()`` up to the listen backlog
-  (2048) times per wake-up: with the descriptors gone that was ~2 MB of tracebacks a second
+  with a traceback and, on that error, keeps calling ``accept()`` up to the server's accept batch
+  (then the listen backlog, 2048; now ``service.http.server.ACCEPT_BATCH``) times per wake-up: with the descriptors gone that was ~2 MB of tracebacks a second
   (issue #35: 45 MB in 20 s). Through here it is one line, without a traceback, every
   ``every_s``, with the count.
 * ``limit_invalid_requests``: the same for uvicorn's "Invalid HTTP request received." warning,

@@ -45,6 +45,15 @@ from service.security.tls import RotatingSSLContext
 
 log = logging.getLogger("service.http")
 
+LISTEN_BACKLOG = 2048  # connections the kernel queues for accept()
+# NOTE: asyncio accepts up to the server's ``backlog`` connections per wake-up of the loop, in one
+# go, and sets up each (transport, protocol, connection_made) before anything else queued runs. A
+# flood of 2,000 half-sent heads arriving at once then held every other connection's callbacks (a
+# health check on a kept-alive connection: 597 ms at load 5.5, issue #35) for the whole burst. The
+# loop is given this smaller number, so other connections are served between batches, and the
+# kernel's queue is set back to LISTEN_BACKLOG once asyncio has listened (``_Server.startup``).
+ACCEPT_BATCH = 64
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its signal handlers: SIGTERM belongs to the service's drain."""
@@ -52,6 +61,13 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's, then the kernel's accept queue back to ``LISTEN_BACKLOG`` (asyncio listened with
+        ``ACCEPT_BATCH``, its accept batch)."""
+        await super().startup(sockets)
+        for sock in sockets or ():
+            sock.listen(LISTEN_BACKLOG)
 
 
 class HttpFrontEnd:
@@ -83,12 +99,13 @@ class HttpFrontEnd:
             http=GuardedH11Protocol.bind(self.guard, self.config.connections), ws="none",
             timeout_keep_alive=self.config.connections.keep_alive_s,  # type: ignore[arg-type]  # seconds, int in uvicorn
             h11_max_incomplete_event_size=self.config.connections.max_header_bytes,
+            backlog=ACCEPT_BATCH,
         )
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port (OSError if it is taken)."""
         sock = socket.create_server((self.config.host, self.config.port), family=_family(self.config.host),
-                                    backlog=2048, reuse_port=False)
+                                    backlog=LISTEN_BACKLOG, reuse_port=False)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
         limit_accept_errors(asyncio.get_running_loop(), log)

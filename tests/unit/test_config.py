@@ -33,6 +33,7 @@ RULES: list[tuple[dict[str, Any], str]] = [
     ({"step_timeout_s": -1.0}, "--step-timeout-s must be >= 0, --stream-stall-timeout-s > 0"),
     ({"stream_stall_timeout_s": 0.0}, "--step-timeout-s must be >= 0, --stream-stall-timeout-s > 0"),
     ({"stream_backlog": 3}, "--stream-backlog >= 4"),
+    ({"stream_write_pending_s": -1.0}, "--stream-write-pending-s must be >= 0"),
     ({"max_connection_age_s": -1.0}, "--max-connection-age-s, --max-connection-age-grace-s and --keepalive"),
     ({"max_connection_age_grace_s": -1.0}, "--max-connection-age-s, --max-connection-age-grace-s and"),
     ({"keepalive_time_s": -1.0}, "--max-connection-age-s, --max-connection-age-grace-s and --keepalive-time-s"),

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -218,7 +219,7 @@ def test_a_grpc_connection_without_a_handshake_is_closed(strict: Server) -> None
 @pytest.fixture(scope="module")
 def capped() -> Iterator[Server]:
     srv = Server("--http-max-connections", "50", "--http-header-timeout-s", "60", "--http-body-timeout-s", "60",
-                 "--grpc-max-connections", "8", "--grpc-handshake-timeout-s", "60")
+                 "--http-keep-alive-s", "600", "--grpc-max-connections", "8", "--grpc-handshake-timeout-s", "60")
     with httpx2.Client(base_url=srv.base, timeout=CEILING_S) as http:  # warm: the lazily opened descriptors
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}).status_code == 200
     yield srv
@@ -250,6 +251,35 @@ def test_a_flood_past_the_cap_is_shed_while_health_and_an_admitted_stream_go_on(
     assert json.loads(events[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
     wait_until(lambda: capped.fds() <= baseline, f"descriptors back to {baseline}")
     assert len(capped.log_lines("HTTP connection cap (50) reached")) <= 3  # one line per 10 s at most
+
+
+def health_on(sock: socket.socket) -> bytes:
+    """``GET /health`` on an open connection (kept alive), read to the end of its body."""
+    sock.setblocking(True)
+    sock.settimeout(CEILING_S)
+    sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    got = b""
+    while b'{"status":"ok"}' not in got:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the kept-alive connection; got {got[:200]!r}"
+        got += chunk
+    return got
+
+
+def test_a_kept_alive_connection_that_served_a_request_outlives_a_half_sent_flood(capped: Server) -> None:
+    # the health probe's case in issue #35's benchmark: idle between its checks, its connection was
+    # reclaimed by a flood of half-sent heads; connections that never completed a request go first
+    with connect(capped.http_port) as kept:
+        assert health_on(kept).startswith(b"HTTP/1.1 200")  # it served a request; idle now
+        flood = [connect(capped.http_port, PARTIAL_HEAD) for _ in range(200)]  # 4x the cap of 50
+        try:
+            # 150 places had to be freed (the cap holds 50: the kept connection and 49 others)
+            wait_until(lambda: sum(closed_by_server(s) for s in flood) >= 150, "150 flood connections reclaimed")
+            assert not closed_by_server(kept), "the kept-alive connection was reclaimed before the flood's"
+            assert health_on(kept).startswith(b"HTTP/1.1 200")  # the same connection, during the flood
+        finally:
+            for sock in flood:
+                sock.close()
 
 
 def test_when_every_place_is_in_a_request_a_new_connection_gets_503(capped: Server) -> None:
@@ -284,6 +314,48 @@ def test_grpc_connections_past_the_cap_are_closed_at_once(capped: Server) -> Non
         for sock in socks:
             sock.close()
     assert grpc_health(capped.grpc_port) == health_pb2.HealthCheckResponse.SERVING  # places freed
+
+
+# -- a burst of connections already queued in the kernel: the loop takes them in batches ---------------------
+def accept_queue(port: int) -> int:
+    """Connections the kernel holds for ``accept()`` on the listening socket of ``port`` (/proc/net/tcp)."""
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:  # LISTEN
+                return int(fields[4].split(":")[1], 16)  # rx_queue of a listener: its accept queue
+    raise AssertionError(f"no listening socket on port {port}")
+
+
+def test_a_kept_alive_request_is_answered_before_a_queued_burst_of_connections_is_all_accepted() -> None:
+    # issue #35: asyncio accepted up to the backlog (2,048) connections in one go and set each up before
+    # anything else ran, so a health check waited for a whole burst of a flood. The burst is made certain
+    # here: the server is stopped (SIGSTOP) while the connections queue in the kernel and the request is sent.
+    srv = Server("--http-max-connections", "4000", "--http-header-timeout-s", "60")
+    flood: list[socket.socket] = []
+    try:
+        with connect(srv.http_port) as kept:
+            assert health_on(kept).startswith(b"HTTP/1.1 200")
+            os.kill(srv.pid, signal.SIGSTOP)
+            try:
+                flood = [connect(srv.http_port, PARTIAL_HEAD) for _ in range(1900)]
+                assert accept_queue(srv.http_port) == 1900
+                kept.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            finally:
+                os.kill(srv.pid, signal.SIGCONT)
+            answer = b""
+            while b'{"status":"ok"}' not in answer:
+                chunk = kept.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            queued = accept_queue(srv.http_port)  # at the answer: most of the burst still waits
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert queued > 0, "every queued connection was set up before the kept-alive request was answered"
+        wait_until(lambda: accept_queue(srv.http_port) == 0, "the whole burst accepted")
+    finally:
+        for sock in flood:
+            sock.close()
+        srv.close()
 
 
 # -- out of descriptors: accept() fails, and says so once, not 2,000 times a second -------------------------

@@ -153,11 +153,16 @@ def test_sse_reader_that_stops_reading_is_paused_within_the_bound_then_cancelled
     assert_kv_clean(srv)
 
 
-def test_grpc_caller_that_stops_reading_is_paused_within_the_bound_then_cancelled(srv: RunningServer) -> None:
-    before = generated(srv)
+def stalled_grpc_call(srv: RunningServer) -> RawGrpcCall:
+    """A long greedy request with log-probabilities from a raw HTTP/2 client with a 4 KiB receive buffer."""
     request = req("stalled", "Tell me a long story.", MAX_TOKENS, ignore_eos=True, logprobs=True,
                   top_logprobs=TOP_LOGPROBS)
-    call = RawGrpcCall("127.0.0.1", srv.port, request, rcvbuf=RCVBUF)
+    return RawGrpcCall("127.0.0.1", srv.port, request, rcvbuf=RCVBUF)
+
+
+def test_grpc_caller_that_stops_reading_is_paused_within_the_bound_then_cancelled(srv: RunningServer) -> None:
+    before = generated(srv)
+    call = stalled_grpc_call(srv)
     try:
         responses = call.responses()
         first = next(responses)
@@ -191,3 +196,35 @@ def neighbour_answer(srv: RunningServer) -> Any:
         out = list(stub.Generate(iter([req("neighbour", "Hello", 8, ignore_eos=True)]), timeout=CEILING_S))
     assert out[-1].WhichOneof("event") == "done", out[-1]
     return out[-1]
+
+
+@pytest.fixture()
+def far_backlog() -> Iterator[RunningServer]:
+    """A backlog bound the stream cannot reach (more than MAX_TOKENS): only a pending write can pause it."""
+    server = start_server(http_port=free_port(), stream_backlog=4 * MAX_TOKENS, stream_stall_timeout_s=STALL_S,
+                          speculative=False)
+    yield server
+    server.close()
+
+
+def test_a_grpc_caller_whose_window_is_full_is_paused_by_the_pending_write_whatever_the_backlog(
+        far_backlog: RunningServer) -> None:
+    # issue #35: once the transport stops taking writes, the count of unread messages grows at the engine's
+    # pace for the stream; the pause must not wait for it (--stream-write-pending-s, 1 s by default)
+    srv = far_backlog
+    before = generated(srv)
+    call = stalled_grpc_call(srv)
+    try:
+        responses = call.responses()
+        assert next(responses).WhichOneof("event") == "delta"
+        wait_paused(srv)  # before MAX_TOKENS, with 4 x MAX_TOKENS allowed unread
+        at_pause = generated(srv)
+        assert wait_for(lambda: left_the_engine(srv), timeout=CEILING_S)  # cancelled by the stall timer
+        assert generated(srv) == at_pause
+        rest = list(responses)
+    finally:
+        call.close()
+    assert rest[-1].WhichOneof("event") == "error" and rest[-1].error.status == "CANCELLED"
+    assert len(rest) == at_pause - before < MAX_TOKENS  # the first delta, every other one, none after the pause
+    assert_kv_clean(srv)
+
