@@ -21,7 +21,10 @@ committed) whose ``tokenizer.chat_template`` is Qwen 2.5's vendored template (``
 ``make templates``), written by the gguf package's own ``gguf_new_metadata``. Both models share the
 default model's tokenizer, whose ``<|im_start|>``/``<|im_end|>`` that template uses. Part
 "default-own" serves the default model as shipped (its own template renders no tools: this
-server's generic family, llama-server's generic JSON format).
+server's generic family, llama-server's generic JSON format). Part "default-required" sends the
+same conversations to the default model with Qwen 2.5's template and ``tool_choice: "required"``:
+these models seldom call a tool on their own, so "auto" compares no calls; forced, both servers
+write calls, and their parse and validate rates compare.
 
 Also (``grammar_cost``, this server only, the default model as shipped): the auto-mode tool
 grammar's decode cost per token. Arm "tools": a chat with the tools and ``tool_choice: "auto"``;
@@ -61,6 +64,7 @@ TEMPLATE = ROOT / ".chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
 THREADS = 1  # NOTE: both servers; at 2 threads beside other work llama-server's OpenMP spun at 1.6 s/token
 CTX = 4096
 MAX_TOKENS = 64
+MAX_TOKENS_REQUIRED = 160  # NOTE: forced calls of a tiny model write long arguments: 64 cut most off
 MAX_TOKENS_1B = 40  # NOTE: ~8x the default model's time per token: the run stays within ~15 min
 COST_TOKENS = 128
 COST_PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
@@ -98,27 +102,28 @@ def servers(label: str, model: Path) -> Iterator[dict[str, str]]:
         yield {"ours": f"http://127.0.0.1:{http_port}", "llama-server": peer.base_url}
 
 
-def _body(conv: Conversation, model: str, stream: bool, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "messages": conv.messages, "tools": TOOLS, "tool_choice": "auto",
+def _body(conv: Conversation, model: str, stream: bool, max_tokens: int, choice: str) -> dict[str, Any]:
+    return {"model": model, "messages": conv.messages, "tools": TOOLS, "tool_choice": choice,
             "parallel_tool_calls": True, "temperature": 0, "seed": 36, "max_tokens": max_tokens, "stream": stream}
 
 
-def ask(client: httpx.Client, conv: Conversation, model: str, max_tokens: int) -> dict[str, Any]:
+def ask(client: httpx.Client, conv: Conversation, model: str, max_tokens: int, choice: str = "auto") -> dict[str, Any]:
     """One conversation unstreamed, then streamed: the scores, the time per unstreamed answer, any error."""
     t0 = time.perf_counter()
-    r = client.post("/v1/chat/completions", json=_body(conv, model, False, max_tokens))
+    r = client.post("/v1/chat/completions", json=_body(conv, model, False, max_tokens, choice))
     seconds = time.perf_counter() - t0
     if r.status_code != 200:
         return {"conversation": conv.name, "kind": conv.kind, "error": f"HTTP {r.status_code}: {r.text[:300]}"}
     whole = score_message(r.json())
+    finish = r.json()["choices"][0].get("finish_reason")
     chunks: list[dict[str, Any]] = []
-    with client.stream("POST", "/v1/chat/completions", json=_body(conv, model, True, max_tokens)) as s:
+    with client.stream("POST", "/v1/chat/completions", json=_body(conv, model, True, max_tokens, choice)) as s:
         for line in s.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line.removeprefix("data: ")))
     errors = [c["error"] for c in chunks if "error" in c]
     streamed = score_chunks(chunks)
-    return {"conversation": conv.name, "kind": conv.kind, "seconds": seconds, "calls": len(whole.calls),
+    return {"conversation": conv.name, "kind": conv.kind, "seconds": seconds, "finish": finish, "calls": len(whole.calls),
             "parsed": whole.parsed, "valid": whole.valid, "names": [n for n, _ in whole.calls],
             "stream_status": s.status_code, "stream_error": errors[0] if errors else None,
             "stream_equal": s.status_code == 200 and not errors and streamed.calls == whole.calls,
@@ -129,10 +134,12 @@ def model_id(client: httpx.Client) -> str:
     return str(client.get("/v1/models").json()["data"][0]["id"])
 
 
-def run_model(label: str, model: Path, convs: list[Conversation], max_tokens: int) -> dict[str, Any]:
+def run_model(label: str, model: Path, convs: list[Conversation], max_tokens: int,
+              choice: str = "auto") -> dict[str, Any]:
     """Both servers on ``model``, one warm-up answer each (its first grammar compile), then every
     conversation on both, the arms' order alternating conversation by conversation."""
-    out: dict[str, Any] = {"model": model.name, "conversations": len(convs), "max_tokens": max_tokens, "warmup": {},
+    out: dict[str, Any] = {"model": model.name, "conversations": len(convs), "max_tokens": max_tokens,
+                           "tool_choice": choice, "warmup": {},
                            "answers": {"ours": [], "llama-server": []}}
     with servers(label, model) as urls:
         # NOTE: a fresh connection per request: llama-server may close an idle kept-alive one under the
@@ -141,11 +148,12 @@ def run_model(label: str, model: Path, convs: list[Conversation], max_tokens: in
                    for arm, url in urls.items()}
         names = {arm: model_id(c) for arm, c in clients.items()}
         for arm, c in clients.items():
-            out["warmup"][arm] = ask(c, convs[0], names[arm], max_tokens)
+            out["warmup"][arm] = ask(c, convs[0], names[arm], max_tokens, choice)
         for i, conv in enumerate(convs):
             for arm in (list(urls) if i % 2 == 0 else list(reversed(urls))):
                 load = load_now()
-                out["answers"][arm].append(ask(clients[arm], conv, names[arm], max_tokens) | {"load_before": load})
+                out["answers"][arm].append(ask(clients[arm], conv, names[arm], max_tokens, choice)
+                                          | {"load_before": load})
             print(f"  {label} {conv.name}: " + ", ".join(
                 f"{arm} {out['answers'][arm][-1].get('calls', 'error')} calls" for arm in urls), flush=True)
         for c in clients.values():
@@ -171,7 +179,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "calls": calls, "calls_parse": sum(a["parsed"] for a in ok), "calls_valid": sum(a["valid"] for a in ok),
             "streamed_equal": sum(a["stream_equal"] for a in with_calls), "stream_errors": sum(
                 bool(a["stream_error"]) for a in ok),
-            "answer_ms_p50": pct(secs, 50), "answer_ms_p99": pct(secs, 99), "by_kind": by_kind}
+            "answer_ms_p50": pct(secs, 50), "answer_ms_p99": pct(secs, 99), "by_kind": by_kind,
+            "finish": {f: sum(a.get("finish") == f for a in ok) for f in sorted({str(a.get("finish")) for a in ok})}}
 
 
 # -- the auto-mode grammar's cost per decoded token ------------------------------------------------------------
@@ -229,7 +238,7 @@ def cost_summary(rows: list[dict[str, Any]], rounds: int, per_arm: int) -> dict[
             "overhead_median_of_rounds": statistics.median(pairs), "rows": rows}
 
 
-PARTS = ("grammar", "default", "default-own", "1.1b")
+PARTS = ("grammar", "default", "default-own", "default-required", "1.1b")
 TITLE = "Tool calling (tool_choice auto) vs llama.cpp's llama-server --jinja; the auto-mode grammar's cost per token"
 
 
@@ -248,6 +257,10 @@ def measure(per_kind: int, per_kind_1b: int, grammar_rounds: int, per_arm: int =
             doc["models"]["default"] = run_model("135m", small, conversations(per_kind), MAX_TOKENS)
         if "default-own" in parts:
             doc["models"]["default-own"] = run_model("135m-own", DEFAULT_MODEL, conversations(per_kind), MAX_TOKENS)
+        if "default-required" in parts:  # NOTE: tiny models seldom call on their own: calls forced to compare
+            small = derive(DEFAULT_MODEL, Path(tmp) / "smollm2-135m-qwen25-template-required.gguf")
+            doc["models"]["default-required"] = run_model("135m-required", small, conversations(per_kind),
+                                                          MAX_TOKENS_REQUIRED, "required")
         if "1.1b" in parts and MODEL_1B.is_file():
             big = derive(MODEL_1B, Path(tmp) / "tinyllama-shape-1.1b-qwen25-template.gguf")
             doc["models"]["1.1b"] = run_model("1b", big, conversations(per_kind_1b), MAX_TOKENS_1B)
