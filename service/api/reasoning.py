@@ -36,6 +36,7 @@ from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
+from service.api.chat_input import MAX_KWARGS_BYTES
 from service.chat.syntax import json_rule
 from service.chat.thinking import Start
 from service.chat.thought import Reasoning, ThoughtReader
@@ -81,8 +82,10 @@ def _answer_grammar(fmt: pb.ResponseFormat) -> str | None:
 
 
 def _variables(kwargs: str) -> dict[str, Any] | None:
-    """The request's template variables; None when they are not a JSON object (preparation refuses them with
-    its own message, so they are left as they are)."""
+    """The request's template variables; None when they are not a JSON object or are over the size limit
+    (preparation refuses them with its own message, so they are left as they are)."""
+    if len(kwargs) > MAX_KWARGS_BYTES:  # NOTE: on the event loop: the size first (characters <= bytes)
+        return None
     try:
         value = json.loads(kwargs) if kwargs else {}
     except (ValueError, RecursionError):

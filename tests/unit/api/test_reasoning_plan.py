@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from inference.v1 import inference_pb2 as pb
 
+from service.api.chat_input import MAX_KWARGS_BYTES
 from service.api.reasoning import ThoughtEvents, ThoughtPlan, plan
 from service.chat.markup import Markup
 from service.chat.thinking import MARKERS, Start
@@ -95,6 +96,15 @@ def test_variables_that_are_not_an_object_are_left_for_preparation_to_refuse() -
     req = request(5)
     req.chat_template_kwargs = "{not json"
     assert plan(req, SPECIAL, Template()) is not None and req.chat_template_kwargs == "{not json"
+
+
+def test_variables_over_the_size_limit_are_not_parsed_here_but_left_for_preparation_to_refuse() -> None:
+    req = request(5)
+    big = json.dumps({"enable_thinking": True, "pad": "x" * MAX_KWARGS_BYTES})
+    req.chat_template_kwargs = big
+    template = Template()
+    assert plan(req, SPECIAL, template) is not None and req.chat_template_kwargs == big
+    assert template.asked == [{}]  # the probe render saw none of the request's variables
 
 
 def test_the_request_own_variables_win() -> None:
