@@ -107,6 +107,16 @@ def test_variables_over_the_size_limit_are_not_parsed_here_but_left_for_preparat
     assert template.asked == [{}]  # the probe render saw none of the request's variables
 
 
+def test_a_budget_with_tools_and_no_format_of_their_own_is_refused_not_left_to_drop_the_calls() -> None:
+    req = request(5)
+    req.tools.add(name="get_weather", parameters='{"type": "object"}')
+    with pytest.raises(BadRequest, match="thinking_budget_tokens with tools"):
+        plan(req, SPECIAL, Template())
+    without = request()
+    without.tools.add(name="get_weather", parameters='{"type": "object"}')
+    assert plan(without, SPECIAL, Template()) is not None and not without.HasField("response_format")
+
+
 def test_the_request_own_variables_win() -> None:
     req = request(5, {"enable_thinking": False})
     template = Template()
