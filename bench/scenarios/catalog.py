@@ -27,6 +27,7 @@ from bench.scenarios import (
     p_http,
     q_prefix_defaults,
     r_tool_calls,
+    u_kv_cache_types,
 )
 
 
@@ -121,5 +122,7 @@ SCENARIOS = [
         r_tool_calls,
         900,
     ),
+    Scenario("U", "kv_cache_types", "KV-cache quantization: f16 vs q8_0 vs q4_0 (memory, speed, drift)",
+             u_kv_cache_types, 420),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}
