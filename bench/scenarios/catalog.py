@@ -27,6 +27,7 @@ from bench.scenarios import (
     p_http,
     q_prefix_defaults,
     r_tool_calls,
+    t_mixed_peer,
 )
 
 
@@ -120,6 +121,13 @@ SCENARIOS = [
         r_tool_calls.TITLE,
         r_tool_calls,
         900,
+    ),
+    Scenario(
+        "T",
+        "mixed_peer",
+        "Mixed load vs llama.cpp's llama-server: 32 batch streams plus an interactive client, both models",
+        t_mixed_peer,
+        2100,
     ),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}
