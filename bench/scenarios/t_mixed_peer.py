@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import ROOT, BenchConfig, say
+from bench.harness.config import DEFAULT_MODEL, ROOT, BenchConfig, say
 from bench.harness.procs import GrpcServer, LlamaServer, llama_server_binary
 from bench.harness.prompts import PromptMaker
 from bench.scenarios import t_report
@@ -56,14 +56,15 @@ async def _mixed(t: Target, load: Load, maker: PromptMaker, with_interactive: bo
     from bench.harness.mixed_load import WindowMeter
     from bench.harness.sse_mixed import batch_streams, interactive_timer
 
+    prompts = [maker.unique(12, 30, 60) for _ in range(load.batch_streams)]  # NOTE: ~6 per stream in a full window
+    inter_prompts = maker.unique(64, 20, 30)
     start = time.perf_counter() + load.ramp_s
     meter = WindowMeter(start, start + load.window_s)
-    prompts = [maker.unique(8, 30, 60) for _ in range(load.batch_streams)]
     done = asyncio.Event()
     batch = asyncio.create_task(batch_streams(t.url, t.model, prompts, load.batch_tokens, meter, done))
     inter = []
     if with_interactive:
-        inter = await interactive_timer(t.url, t.model, maker.unique(64, 20, 30), load.interactive_tokens,
+        inter = await interactive_timer(t.url, t.model, inter_prompts, load.interactive_tokens,
                                         load.interval_s, start, start + load.window_s)
     done.set()
     completed = await batch
@@ -129,11 +130,19 @@ def run_model(cfg: BenchConfig, model: Path, tag: str, load: Load) -> dict[str, 
     return t_report.model_result(runs, load, CAP)
 
 
+def _models(cfg: BenchConfig) -> list[tuple[str, Path]]:
+    """``--model`` (tagged ``gemma`` when it is the benchmark model) and, unless quick, the 1.1B shape."""
+    main = Path(cfg.model).resolve()
+    tag = "gemma" if main == DEFAULT_MODEL.resolve() else "1.1b" if main == MODEL_1B.resolve() else main.stem
+    extra = [] if cfg.quick or main == MODEL_1B.resolve() else [("1.1b", MODEL_1B)]
+    return [(tag, main), *extra]
+
+
 def run(cfg: BenchConfig) -> dict[str, Any]:
     llama_server_binary()  # skip early when the peer is not built
     load = QUICK if cfg.quick else FULL
     out: dict[str, Any] = {"load": load.__dict__, "ctx": CTX, "slots": SLOTS, "cap": CAP, "models": {}}
-    models = [("gemma", Path(cfg.model))] + ([] if cfg.quick else [("1.1b", MODEL_1B)])
+    models = _models(cfg)
     for tag, model in models:
         if not model.is_file():
             out["models"][tag] = {"skipped": f"{model} missing: run `make bench-model-1b`"}

@@ -188,5 +188,6 @@ def render(r: dict[str, Any]) -> str:
     head = (f"{load['batch_streams']} closed-loop batch streams ({load['batch_tokens']} tokens) plus one interactive "
             f"request ({load['interactive_tokens']} tokens) every {load['interval_s']:.0f} s for {load['window_s']:.0f} s "
             f"after a {load['ramp_s']:.0f} s ramp; HTTP, greedy, ignore_eos; {load['rounds']} alternating rounds; "
-            f"llama-server -np {r['slots']} -kvu -c {r['ctx']}. Targets (Gemma): TTFT p99 <= 500 ms.")
+            f"llama-server -np {r['slots']} -kvu -c {r['ctx']}. Targets (Gemma): TTFT p99 <= 500 ms, e2e p99 <= 3x "
+            "the request's p50 alone, batch >= 0.75x alone and >= 0.95x llama-server's.")
     return head + "\n\n" + table(HEAD, rows) + ("\n\n" + "\n".join(notes) if notes else "")
