@@ -172,6 +172,15 @@ def _row(tag: str, arm: str, a: dict[str, Any], c: dict[str, Any] | None) -> lis
             "-" if st is None else f"{fmt(st['batch']['ms_per_step'])} / {fmt(st['mixed']['ms_per_step'])}"]
 
 
+def steps_line(steps: dict[str, Any]) -> str:
+    """The step-time breakdown of an arm: ms and tokens per step by phase, and decode's share of the mixed step."""
+    parts = [f"{p} {fmt(steps[p]['ms_per_step'])} ms / {fmt(steps[p]['tokens_per_step'], 2)} tokens per step"
+             for p in ("alone", "batch", "mixed")]
+    phases = steps["mixed"]["phases_ms"]
+    share = ratio(phases.get("decode"), sum(phases.values()))
+    return "; ".join(parts) + f"; llama.cpp's decode {fmt(None if share is None else share * 100)}% of the mixed step"
+
+
 def render(r: dict[str, Any]) -> str:
     load = r["load"]
     rows, notes = [], []
@@ -180,7 +189,10 @@ def render(r: dict[str, Any]) -> str:
             notes.append(f"- {tag}: skipped ({m['skipped']})")
             continue
         for arm, a in m["arms"].items():
-            rows.append(_row(tag, arm if arm != "ours_cap" else f"ours cap {r['cap']}", a, m["checks"].get(arm)))
+            label = arm if arm != "ours_cap" else f"ours cap {r['cap']}"
+            rows.append(_row(tag, label, a, m["checks"].get(arm)))
+            if "steps" in a:
+                notes.append(f"- {tag}, {label}: " + steps_line(a["steps"]))
         ar = m.get("arithmetic") or {}
         if ar:
             notes.append(f"- {tag}: step = {ar['a_ms']} + {ar['b_ms']} x rows ms (ours, step clock); caps whose "

@@ -64,3 +64,11 @@ def test_arithmetic_fits_the_alone_and_batch_steps() -> None:
     assert [p["cap"] for p in ar["predictions"]] == list(t_report.CAPS_SHOWN)
     assert all(p["e2e_vs_alone"] <= 3 and p["batch_vs_alone"] >= 0.75
                for p in ar["predictions"] if p["cap"] in ar["caps_meeting_both"])
+
+
+def test_steps_line_names_each_phase_and_the_decode_share() -> None:
+    steps = {p: {"ms_per_step": ms, "tokens_per_step": tok, "phases_ms": {"decode": 90.0, "emit": 10.0}}
+             for p, ms, tok in (("alone", 12.0, 1.0), ("batch", 96.0, 31.0), ("mixed", 100.0, 32.0))}
+    text = t_report.steps_line(steps)
+    assert "alone 12.0 ms / 1.00 tokens per step" in text and "mixed 100.0 ms" in text
+    assert text.endswith("decode 90.0% of the mixed step")
