@@ -48,6 +48,7 @@ QUICK = Load(batch_streams=8, batch_tokens=32, interactive_tokens=16, interval_s
 CTX = 8192
 SLOTS = 34  # 32 batch streams + up to 2 interactive requests at once (llama-server -np, our --max-running)
 CAP = 8  # NOTE: the cap arm's --batch-rows-with-interactive (chosen from the arithmetic, docs/benchmarks.md)
+QUICK_CAP = 4  # below the quick load's 8 batch streams, so the quick run exercises the cap
 ARMS = ("ours", "ours_cap", "llama_server")
 PHASES = ("alone", "batch", "mixed")
 
@@ -88,6 +89,10 @@ async def _phase(t: Target, phase: str, load: Load, maker: PromptMaker) -> dict[
     return phase_row(out, m0, await t.metrics())
 
 
+def _cap(cfg: BenchConfig) -> int:
+    return QUICK_CAP if cfg.quick else CAP
+
+
 def _servers(cfg: BenchConfig, model: Path, tag: str) -> tuple[list[Any], dict[str, Target]]:
     """The three servers (not started yet; their ports are chosen) and each arm's Target."""
     from bench.harness.procs import free_port
@@ -102,7 +107,7 @@ def _servers(cfg: BenchConfig, model: Path, tag: str) -> tuple[list[Any], dict[s
     peer = LlamaServer(f"T-llama-server-{tag}", llama_server_binary(), model, parallel=SLOTS, ctx=CTX,
                        threads=cfg.server_threads())
     mine, mine_t = ours(f"T-ours-{tag}")
-    cap, cap_t = ours(f"T-ours-cap{CAP}-{tag}", "--batch-rows-with-interactive", str(CAP))
+    cap, cap_t = ours(f"T-ours-cap{_cap(cfg)}-{tag}", "--batch-rows-with-interactive", str(_cap(cfg)))
     peer_t = Target(peer.base_url, "peer", lambda: wait_idle_peer(peer.base_url), None)
     return [mine, cap, peer], {"ours": mine_t, "ours_cap": cap_t, "llama_server": peer_t}
 
@@ -127,7 +132,7 @@ def run_model(cfg: BenchConfig, model: Path, tag: str, load: Load) -> dict[str, 
                     row = asyncio.run(_phase(targets[arm], phase, load, maker))
                     runs[arm].append({"round": r, "phase": phase, **before, **row})
                     say(f"    {tag} round {r} {arm:>12} {phase:>5}: {t_report.line(row)} (load1 {before['load1']:.2f})")
-    return t_report.model_result(runs, load, CAP)
+    return t_report.model_result(runs, load, _cap(cfg))
 
 
 def _models(cfg: BenchConfig) -> list[tuple[str, Path]]:
@@ -141,7 +146,7 @@ def _models(cfg: BenchConfig) -> list[tuple[str, Path]]:
 def run(cfg: BenchConfig) -> dict[str, Any]:
     llama_server_binary()  # skip early when the peer is not built
     load = QUICK if cfg.quick else FULL
-    out: dict[str, Any] = {"load": load.__dict__, "ctx": CTX, "slots": SLOTS, "cap": CAP, "models": {}}
+    out: dict[str, Any] = {"load": load.__dict__, "ctx": CTX, "slots": SLOTS, "cap": _cap(cfg), "models": {}}
     models = _models(cfg)
     for tag, model in models:
         if not model.is_file():

@@ -146,7 +146,7 @@ def arithmetic(steps: dict[str, Any], load: dict[str, Any], ttft_ms: float | Non
 
 def model_result(runs: dict[str, list[dict[str, Any]]], load: Any, cap: int) -> dict[str, Any]:
     arms = {arm: arm_summary(rows) for arm, rows in runs.items()}
-    out: dict[str, Any] = {"runs": runs, "arms": arms, "checks": {arm: checks(arms, arm) for arm in OURS}}
+    out: dict[str, Any] = {"cap": cap, "runs": runs, "arms": arms, "checks": {arm: checks(arms, arm) for arm in OURS}}
     if "steps" in arms["ours"]:
         out["arithmetic"] = arithmetic(arms["ours"]["steps"], load.__dict__, arms["ours"]["alone_ttft"]["p50_ms"])
     return out
