@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
 from bench.harness.grpc_load import ReqResult
+
+ChunkSink = Callable[[int, float], None]  # (tokens, perf_counter time) of a streamed chunk
 
 
 def _body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -32,7 +34,8 @@ def _body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
             "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], start: float) -> ReqResult:
+async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], start: float,
+                   on_chunk: ChunkSink | None = None) -> ReqResult:
     first: float | None = None
     chunks, usage, timings, finish = 0, None, None, ""
     async with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -49,8 +52,12 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], start: float
                 if choice.get("text"):
                     chunks += 1
                     first = first if first is not None else time.perf_counter()
+                    if on_chunk is not None:
+                        on_chunk(1, time.perf_counter())
                 finish = choice.get("finish_reason") or finish
     tokens = int(usage["completion_tokens"]) if usage else chunks
+    if on_chunk is not None and tokens > chunks:  # NOTE: chunks of several tokens: the rest counted at the end
+        on_chunk(tokens - chunks, time.perf_counter())
     ttft = (first - start) * 1000.0 if first is not None else None
     prompt, cached = _prompt_tokens(usage, timings)
     return ReqResult(True, start, time.perf_counter(), ttft, tokens, prompt, cached, finish=finish)
@@ -66,12 +73,14 @@ def _prompt_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None)
     return prompt, int((timings or {}).get("cache_n") or 0)
 
 
-async def _one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> ReqResult:
+async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+              on_chunk: ChunkSink | None = None) -> ReqResult:
+    """One streamed completion on ``client``; ``on_chunk`` sees every chunk's tokens as they arrive."""
     start = time.perf_counter()
     body = _body(model, prompt, max_tokens)
     for attempt in (1, 2):
         try:
-            return await _attempt(client, body, start)
+            return await _attempt(client, body, start, on_chunk)
         except httpx.RemoteProtocolError as exc:  # a closed keep-alive connection (see the module docstring)
             if attempt == 2 or "without sending a response" not in str(exc):
                 return ReqResult(False, start, time.perf_counter(), None, 0, error=f"{type(exc).__name__}: {exc}")
@@ -80,15 +89,21 @@ async def _one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: i
     raise AssertionError("unreachable")
 
 
-async def closed_loop(base_url: str, model: str, prompts: Sequence[Sequence[str]], max_tokens: int) -> list[ReqResult]:
-    """One client (one keep-alive connection) per entry of ``prompts``; each sends its prompts in turn."""
-    n = len(prompts) + 4
+def client_for(base_url: str, connections: int, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+    """An async client for ``connections`` concurrent streams (``headers`` on every request)."""
+    n = connections + 4
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     timeout = httpx.Timeout(connect=30.0, read=600.0, write=30.0, pool=1800.0)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout, headers=headers)
+
+
+async def closed_loop(base_url: str, model: str, prompts: Sequence[Sequence[str]], max_tokens: int,
+                      headers: dict[str, str] | None = None) -> list[ReqResult]:
+    """One client (one keep-alive connection) per entry of ``prompts``; each sends its prompts in turn."""
+    async with client_for(base_url, len(prompts), headers) as client:
 
         async def one_client(mine: Sequence[str]) -> list[ReqResult]:
-            return [await _one(client, model, p, max_tokens) for p in mine]
+            return [await one(client, model, p, max_tokens) for p in mine]
 
         groups = await asyncio.gather(*(one_client(p) for p in prompts))
     return [r for g in groups for r in g]

@@ -27,6 +27,7 @@ from bench.scenarios import (
     p_http,
     q_prefix_defaults,
     r_tool_calls,
+    t_mixed_peer,
     u_kv_cache_types,
 )
 
@@ -121,6 +122,13 @@ SCENARIOS = [
         r_tool_calls.TITLE,
         r_tool_calls,
         900,
+    ),
+    Scenario(
+        "T",
+        "mixed_peer",
+        "Mixed load vs llama.cpp's llama-server: 32 batch streams plus an interactive client, both models",
+        t_mixed_peer,
+        2400,  # NOTE: llama-server's interactive tail (its TTFT was 30-54 s in the issue) lengthens its mixed phases
     ),
     Scenario("U", "kv_cache_types", "KV-cache quantization: f16 vs q8_0 vs q4_0 (memory, speed, drift)",
              u_kv_cache_types, 420),
