@@ -23,6 +23,9 @@ Scenarios (each starts its own server subprocesses and stops them):
                       sharing no prefix, after that load vs on a fresh server (make llama-tools)
   R tool_calls        tool calling (tool_choice auto) vs llama-server --jinja, default model and the 1.1B
                       shape with a tool-capable template; the auto grammar's cost per token (make llama-tools)
+  S goodput           guidellm (the field's load tool) with Poisson arrivals at a sweep of rates, chat /
+                      summarisation / shared-system mix: TTFT and ITL p50/p99, req/s, goodput at TTFT p99 <= 2 s
+                      and ITL p99 <= 200 ms vs llama-server, both models (make goodput-env llama-tools)
 
 Each scenario is a module of ``bench/scenarios/`` (its ``run`` and its ``render``), listed in
 ``bench/scenarios/catalog.py``.

@@ -27,6 +27,7 @@ from bench.scenarios import (
     p_http,
     q_prefix_defaults,
     r_tool_calls,
+    s_goodput,
 )
 
 
@@ -121,5 +122,6 @@ SCENARIOS = [
         r_tool_calls,
         900,
     ),
+    Scenario("S", "goodput", s_goodput.TITLE, s_goodput, 4200),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

@@ -1,0 +1,173 @@
+"""Scenario S — goodput measured by the field's own load tool (guidellm) vs llama.cpp's ``llama-server``.
+
+guidellm 0.8.1 (``make goodput-env``: its own venv ``.venv-guidellm``, pinned) drives streamed
+``/v1/chat/completions`` with Poisson arrivals at a sweep of rates, against this server (``--http-port``,
+``--max-running 32 --ctx 8192``: scenario P's flags) and ``llama-server --jinja`` (``-np 32`` slots on one
+unified KV cache of the same 8,192 tokens, the same threads), on the benchmark model and on the 1.1B
+shape (``make bench-model-1b``). Both servers get the same request bodies: guidellm's, from one seeded
+jsonl per (round, rate) — short chat turns, long-prompt summarisation (1,000-1,500 prompt tokens) and
+short questions under a few shared ~300-token system prompts, each with its own output length (sent as
+``max_completion_tokens`` with ``ignore_eos``); see ``bench/harness/goodput.py``.
+
+Each rate runs a fixed time (60 s; ``--quick``: 10 s, Gemma only, 2 rates); the two servers alternate
+at every rate (the order flips each rate and each round), the load average is recorded before each
+arm, 2 rounds. Per rate and server: TTFT p50/p99, inter-token latency p50/p99 (guidellm's per-request
+ITL), completed requests/s, pooled over the rounds. SLO: TTFT p99 <= 2 s and ITL p99 <= 200 ms, with
+errored requests and requests cancelled after waiting > 2 s for a first token counted as TTFT
+violations. Goodput: the highest rate of the sweep meeting the SLO (every lower rate meeting it too).
+Target: goodput >= 2x llama-server's on both models. guidellm's reports: ``<results>/goodput/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness.config import ROOT, BenchConfig, say
+from bench.harness.goodput import (
+    ITL_P99_MS,
+    TTFT_P99_MS,
+    goodput,
+    mix_rows,
+    rate_summary,
+    request_samples,
+    system_prompts,
+)
+from bench.harness.guidellm_tool import guidellm_binary, own_figures, run_rate
+from bench.harness.procs import GrpcServer, LlamaServer, free_port, llama_server_binary
+from bench.harness.prompts import PromptMaker
+from bench.harness.results import load_now
+from bench.harness.stats import ratio
+from bench.harness.tables import fmt, table, verdict
+
+TITLE = "Goodput by guidellm (Poisson rates, chat/summarise/shared-system mix) vs llama.cpp's llama-server"
+MODEL_1B = ROOT / "models" / "tinyllama-shape-1.1b-q4_k_m.gguf"
+RATES = {"gemma": (0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0), "1.1b": (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)}
+QUICK_RATES = (1.0, 2.0)
+SECONDS, QUICK_SECONDS = 60.0, 10.0
+CTX, SLOTS = 8192, 32
+ARMS = ("ours", "llama_server")
+DRAIN_S = 3.0  # NOTE: lets both servers drop the streams guidellm cancelled at the end of the previous arm
+TARGET = 2.0
+
+
+def _data(maker: PromptMaker, systems: list[str], rate: float, seconds: float, seed: int, tmp: Path) -> Path:
+    """One seeded jsonl for a (round, rate), shared by both arms; more rows than Poisson arrivals need."""
+    rows = mix_rows(maker.text, math.ceil(rate * seconds * 1.5) + 20, seed, systems)
+    path = tmp / f"mix-{seed}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _warm(url: str, name: str) -> None:
+    from bench.harness import sse_load  # NOTE: httpx is a bench-env dependency
+
+    asyncio.run(sse_load.closed_loop(url, name, [["warm up the server"]], 4))
+
+
+def _arm(name: str, arm: str, url: str, data: Path, rate: float, seconds: float, r: int) -> dict[str, Any]:
+    load = load_now()
+    bench = run_rate(f"{name}-{arm}-r{r}-rate{rate:g}", url, data, rate, seconds, seed=1000 + r)
+    s = request_samples(bench)
+    row = {"round": r, **load, **{k: v for k, v in s.items() if not k.endswith("_ms")},
+           "guidellm": own_figures(bench), "_samples": s}
+    say(f"    {name} rate {rate:g} round {r} {arm:>12}: {s['completed']} done, {s['errored']} errored, "
+        f"{s['incomplete']} cancelled at the end ({s['late_cancelled']} after > 2 s); guidellm TTFT p99 "
+        f"{row['guidellm']['ttft_ms']['p99']:.0f} ms, ITL p99 {row['guidellm']['itl_ms']['p99']:.0f} ms "
+        f"(load1 {load['load1']:.2f})")
+    return row
+
+
+def _model(cfg: BenchConfig, name: str, model: Path, rates: tuple[float, ...], seconds: float,
+           rounds: int) -> dict[str, Any]:
+    maker = PromptMaker(model, seed=3939)
+    systems = system_prompts(maker.text)
+    port = free_port()
+    flags = ["--http-port", str(port), "--max-running", str(SLOTS), "--ctx", str(CTX)]
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {a: {f"{x:g}": [] for x in rates} for a in ARMS}
+    with GrpcServer(f"S-ours-{name}", model, *flags, threads=cfg.threads), \
+            LlamaServer(f"S-llama-server-{name}", llama_server_binary(), model, parallel=SLOTS, ctx=CTX,
+                        threads=cfg.server_threads(), extra=["--jinja"]) as peer, \
+            tempfile.TemporaryDirectory(prefix="goodput-mix-") as tmp:
+        urls = {"ours": f"http://127.0.0.1:{port}", "llama_server": peer.base_url}
+        _warm(urls["ours"], model.name.removesuffix(".gguf"))
+        _warm(urls["llama_server"], "peer")
+        for r in range(rounds):
+            for i, rate in enumerate(rates):
+                data = _data(maker, systems, rate, seconds, 100 * r + i, Path(tmp))
+                for arm in ARMS if (r + i) % 2 == 0 else tuple(reversed(ARMS)):
+                    runs[arm][f"{rate:g}"].append(_arm(name, arm, urls[arm], data, rate, seconds, r))
+                    time.sleep(DRAIN_S)
+    return _summarise(runs)
+
+
+def _summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"per_rate": {}, "goodput_rps": {}, "runs": {}}
+    for arm, by_rate in runs.items():
+        out["per_rate"][arm] = {k: rate_summary(x["_samples"] for x in v) for k, v in by_rate.items()}
+        out["goodput_rps"][arm] = goodput({float(k): v["slo_met"] for k, v in out["per_rate"][arm].items()})
+        out["runs"][arm] = {k: [{a: b for a, b in x.items() if a != "_samples"} for x in v]
+                            for k, v in by_rate.items()}
+    out["max_completed_rps"] = {a: max((v["completed_rps"] or 0.0) for v in out["per_rate"][a].values())
+                                for a in ARMS}
+    g = out["goodput_rps"]
+    out["goodput_ratio"] = ratio(g["ours"], g["llama_server"])
+    return out
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    guidellm_binary()  # skip early when the load tool is not installed
+    llama_server_binary()  # ... or the peer is not built
+    seconds, rounds = (QUICK_SECONDS, 1) if cfg.quick else (SECONDS, 2)
+    doc: dict[str, Any] = {"slo": {"ttft_p99_ms": TTFT_P99_MS, "itl_p99_ms": ITL_P99_MS}, "seconds_per_rate": seconds,
+                           "rounds": rounds, "ctx": CTX, "slots": SLOTS, "tool": "guidellm 0.8.1", "models": {}}
+    models = [("gemma", Path(cfg.model))] + ([] if cfg.quick else [("1.1b", MODEL_1B)])
+    for name, model in models:
+        if not model.is_file():
+            doc["models"][name] = {"skipped": f"{model} missing: run `make bench-model-1b`"}
+            continue
+        rates = QUICK_RATES if cfg.quick else RATES[name]
+        say(f"  {name} ({model.name}): rates {', '.join(f'{x:g}' for x in rates)} req/s, {seconds:g} s each, "
+            f"{rounds} round(s), arms alternating")
+        doc["models"][name] = {"model": model.name, "rates": list(rates), **_model(cfg, name, model, rates,
+                                                                                     seconds, rounds)}
+        m = doc["models"][name]
+        say(f"  {name} goodput: ours {m['goodput_rps']['ours']}, llama-server {m['goodput_rps']['llama_server']} "
+            f"req/s (ratio {fmt(m['goodput_ratio'], 2)}, target >= {TARGET:g})")
+    return doc
+
+
+def _cells(p: dict[str, Any]) -> list[str]:
+    return [f"{fmt(p['ttft_p50_ms'], 0)} / {fmt(p['ttft_p99_ms'], 0)}",
+            f"{fmt(p['itl_p50_ms'], 0)} / {fmt(p['itl_p99_ms'], 0)}", fmt(p["completed_rps"], 2),
+            f"{p['errored']} / {p['late_cancelled']}", "met" if p["slo_met"] else "not met"]
+
+
+def render(r: dict[str, Any]) -> str:
+    """The summary.md section of scenario S."""
+    head = ["model", "rate req/s", "server", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "completed req/s",
+            "errored / cancelled > 2 s", "SLO"]
+    rows: list[list[Any]] = []
+    lines = []
+    for name, m in r["models"].items():
+        if "skipped" in m:
+            lines.append(f"- {name}: skipped ({m['skipped']})")
+            continue
+        for rate in m["per_rate"]["ours"]:
+            for arm, label in (("ours", "this server"), ("llama_server", "llama-server")):
+                rows.append([name, rate, label, *_cells(m["per_rate"][arm][rate])])
+        g = m["goodput_rps"]
+        lines.append(f"- {name}: goodput {fmt(g['ours'], 2)} req/s (this server) vs {fmt(g['llama_server'], 2)} "
+                     f"(llama-server): {fmt(m['goodput_ratio'], 2)}x {verdict(m['goodput_ratio'], TARGET)}; "
+                     f"most completed req/s {fmt(m['max_completed_rps']['ours'], 2)} vs "
+                     f"{fmt(m['max_completed_rps']['llama_server'], 2)}")
+    note = (f"guidellm 0.8.1, streamed chat completions, Poisson arrivals, {r['seconds_per_rate']:g} s per rate, "
+            f"{r['rounds']} alternating round(s); SLO TTFT p99 <= {r['slo']['ttft_p99_ms'] / 1000:g} s and ITL p99 "
+            f"<= {r['slo']['itl_p99_ms']:g} ms (errored and > 2 s-cancelled requests count as TTFT misses); "
+            f"goodput = the highest rate meeting it (all lower rates too); target >= {TARGET:g}x llama-server.")
+    return note + "\n\n" + "\n".join(lines) + "\n\n" + table(head, rows)
