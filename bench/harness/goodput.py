@@ -31,6 +31,11 @@ LENGTHS = {  # prompt tokens (lo, hi) and output tokens (lo, hi) per kind
     "summarise": ((1000, 1500), (64, 128)),
     "shared_system": ((20, 60), (32, 96)),
 }
+QUICK_LENGTHS = {  # --quick: the same kinds, shorter, so that a loaded machine still completes some in 20 s
+    "chat": ((20, 60), (8, 24)),
+    "summarise": ((300, 400), (16, 32)),
+    "shared_system": ((20, 40), (8, 24)),
+}
 SUMMARISE = "Summarise the following text in a few sentences.\n\n"
 
 
@@ -39,7 +44,8 @@ def system_prompts(text: Callable[[int], str]) -> list[str]:
     return [f"You are assistant number {i}. " + text(SYSTEM_TOKENS) for i in range(N_SYSTEM_PROMPTS)]
 
 
-def mix_rows(text: Callable[[int], str], n: int, seed: int, systems: list[str]) -> list[dict[str, Any]]:
+def mix_rows(text: Callable[[int], str], n: int, seed: int, systems: list[str],
+             lengths: dict[str, tuple[tuple[int, int], tuple[int, int]]] = LENGTHS) -> list[dict[str, Any]]:
     """``n`` rows for guidellm's json_file data: ``system`` (may be empty), ``prompt``, ``output_tokens_count``,
     plus ``kind`` (ignored by guidellm's column mapper; kept for the mix's own record)."""
     rng = random.Random(seed)
@@ -48,7 +54,7 @@ def mix_rows(text: Callable[[int], str], n: int, seed: int, systems: list[str]) 
     rows = []
     for _ in range(n):
         kind = rng.choices(names, weights)[0]
-        (plo, phi), (olo, ohi) = LENGTHS[kind]
+        (plo, phi), (olo, ohi) = lengths[kind]
         body = text(rng.randint(plo, phi))
         rows.append({
             "kind": kind,
@@ -84,10 +90,12 @@ def request_samples(bench: dict[str, Any]) -> dict[str, Any]:
     censored = 0
     for r in reqs.get("incomplete") or []:
         t = r["info"]["timings"]
-        start = t.get("request_start") or t.get("queued")
-        if t.get("first_token_iteration") is not None and start is not None:
+        start = t.get("request_start")  # None: never sent (its arrival was due after the end)
+        if start is None:
+            continue
+        if t.get("first_token_iteration") is not None:
             ttft.append((t["first_token_iteration"] - start) * 1000)
-        elif start is not None and ((t.get("resolve_end") or start) - start) * 1000 > TTFT_P99_MS:
+        elif ((t.get("resolve_end") or start) - start) * 1000 > TTFT_P99_MS:
             ttft.append(math.inf)
             censored += 1
     sm = bench["scheduler_metrics"]
@@ -97,6 +105,14 @@ def request_samples(bench: dict[str, Any]) -> dict[str, Any]:
         "incomplete": len(reqs.get("incomplete") or []),
         "measured_s": float(sm["measure_end_time"]) - float(sm["measure_start_time"]),
     }
+
+
+def arrivals_broken(bench: dict[str, Any]) -> bool:
+    """guidellm 0.8.1's Poisson schedule raced: arrival targets far before the run's start (the worker read
+    the arrival offset before the main process set it, so every request went out at once)."""
+    start = float(bench["scheduler_metrics"]["start_time"])
+    return any(r["info"]["timings"]["targeted_start"] < start - 60
+               for g in bench["requests"].values() if g for r in g)
 
 
 def rate_summary(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:

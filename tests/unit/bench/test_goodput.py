@@ -8,7 +8,9 @@ from typing import Any
 from bench.harness.goodput import (
     LENGTHS,
     N_SYSTEM_PROMPTS,
+    QUICK_LENGTHS,
     SUMMARISE,
+    arrivals_broken,
     goodput,
     meets_slo,
     mix_rows,
@@ -38,14 +40,16 @@ def test_the_mix_is_seeded_and_holds_all_three_kinds_with_their_lengths() -> Non
             assert (r["system"] in SYSTEMS) if kind == "shared_system" else r["system"] == ""
     assert all(r["prompt"].startswith(SUMMARISE) for r in kinds["summarise"])
     assert len({r["system"] for r in kinds["shared_system"]}) == N_SYSTEM_PROMPTS  # a few prompts, shared
+    short = mix_rows(words, 50, 7, SYSTEMS, QUICK_LENGTHS)
+    assert max(r["output_tokens_count"] for r in short) <= max(o[1] for _, o in QUICK_LENGTHS.values())
 
 
 def done(ttft: float, itl: float, out: int = 50) -> dict[str, Any]:
     return {"time_to_first_token_ms": ttft, "inter_token_latency_ms": itl, "output_tokens": out}
 
 
-def cancelled(waited_s: float, first_token_after_s: float | None = None) -> dict[str, Any]:
-    t = {"request_start": 100.0, "resolve_end": 100.0 + waited_s,
+def cancelled(waited_s: float, first_token_after_s: float | None = None, sent: bool = True) -> dict[str, Any]:
+    t = {"request_start": 100.0 if sent else None, "targeted_start": 100.0, "resolve_end": 100.0 + waited_s,
          "first_token_iteration": None if first_token_after_s is None else 100.0 + first_token_after_s}
     return {"info": {"timings": t}}
 
@@ -57,8 +61,10 @@ def bench(successful: list[Any], errored: int = 0, incomplete: list[Any] | None 
 
 def test_cancelled_requests_that_waited_past_the_bound_count_as_ttft_misses() -> None:
     s = request_samples(bench([done(100, 20)] * 5, errored=1,
-                              incomplete=[cancelled(3.0), cancelled(0.5), cancelled(4.0, first_token_after_s=2.5)]))
-    assert s["ttft_ms"].count(math.inf) == 2  # the errored one and the one waiting 3 s; 0.5 s: unknown, left out
+                              incomplete=[cancelled(3.0), cancelled(0.5), cancelled(4.0, first_token_after_s=2.5),
+                                          cancelled(9.0, sent=False)]))
+    # misses: the errored one and the one waiting 3 s; 0.5 s: unknown, left out; never sent: not a request
+    assert s["ttft_ms"].count(math.inf) == 2
     assert 2500 in [round(x) for x in s["ttft_ms"] if x != math.inf] and len(s["ttft_ms"]) == 8
     assert (s["completed"], s["late_cancelled"], s["itl_ms"]) == (5, 1, [20.0] * 5)
     one_token = request_samples(bench([done(100, 0.0, out=1)]))
@@ -90,3 +96,11 @@ def test_nearest_rank_handles_infinities_and_empty_lists() -> None:
     assert nearest_rank([], 99) is None
     assert nearest_rank([1.0, math.inf], 50) == 1.0 and nearest_rank([1.0, math.inf], 99) == math.inf
     assert nearest_rank(list(range(1, 101)), 99) == 99 and nearest_rank(list(range(1, 101)), 50) == 50
+
+
+def test_a_raced_poisson_schedule_is_detected() -> None:
+    ok = {"requests": {"successful": [{"info": {"timings": {"targeted_start": 1000.5}}}], "errored": None},
+          "scheduler_metrics": {"start_time": 1000.0}}
+    raced = {"requests": {"incomplete": [{"info": {"timings": {"targeted_start": 3.2}}}]},
+             "scheduler_metrics": {"start_time": 1000.0}}
+    assert not arrivals_broken(ok) and arrivals_broken(raced)
