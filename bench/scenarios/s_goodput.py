@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import ROOT, BenchConfig, say
+from bench.harness.config import ROOT, BenchConfig, results_dir, say
 from bench.harness.goodput import (
     ITL_P99_MS,
     LENGTHS,
@@ -155,6 +155,8 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     guidellm_binary()  # skip early when the load tool is not installed
     llama_server_binary()  # ... or the peer is not built
     seconds, rounds = (QUICK_SECONDS, 1) if cfg.quick else (SECONDS, 2)
+    for stale in (results_dir() / "goodput").glob("*.json.gz"):  # this run's reports replace the last run's
+        stale.unlink()
     doc: dict[str, Any] = {"slo": {"ttft_p99_ms": TTFT_P99_MS, "itl_p99_ms": ITL_P99_MS}, "seconds_per_rate": seconds,
                            "rounds": rounds, "ctx": CTX, "slots": SLOTS, "tool": "guidellm 0.8.1", "models": {}}
     models = [("gemma", Path(cfg.model))] + ([] if cfg.quick else [("1.1b", MODEL_1B)])
