@@ -12,6 +12,7 @@ time is up are cancelled and would drop out, which flatters TTFT p99 exactly whe
 percentiles here also count, as TTFT violations (infinite), every errored request and every cancelled
 one that had waited longer than the TTFT bound without a first token (censored data: its TTFT is
 known to exceed the bound). Cancelled requests that had waited less are left out (unknown).
+A secondary figure applies the TTFT bound to the completed short requests only (not summarisation).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ QUICK_LENGTHS = {  # --quick: the same kinds, shorter, so that a loaded machine 
     "summarise": ((300, 400), (16, 32)),
     "shared_system": ((20, 40), (8, 24)),
 }
+LONG_PROMPT_TOKENS = 900  # a completed request with at least this many prompt tokens (usage) is a summarisation
 SUMMARISE = "Summarise the following text in a few sentences.\n\n"
 
 
@@ -82,8 +84,11 @@ def request_samples(bench: dict[str, Any]) -> dict[str, Any]:
     reqs = bench["requests"]
     ttft: list[float] = []
     itl: list[float] = []
+    short: list[float] = []  # completed requests other than summarisation (the secondary, per-class figure)
     for r in reqs.get("successful") or []:
         ttft.append(float(r["time_to_first_token_ms"]))
+        if (r.get("prompt_tokens") or 0) < LONG_PROMPT_TOKENS:
+            short.append(float(r["time_to_first_token_ms"]))
         if r.get("inter_token_latency_ms") is not None and (r.get("output_tokens") or 0) > 1:
             itl.append(float(r["inter_token_latency_ms"]))
     ttft += [math.inf] * len(reqs.get("errored") or [])
@@ -100,7 +105,7 @@ def request_samples(bench: dict[str, Any]) -> dict[str, Any]:
             censored += 1
     sm = bench["scheduler_metrics"]
     return {
-        "ttft_ms": ttft, "itl_ms": itl, "late_cancelled": censored,
+        "ttft_ms": ttft, "itl_ms": itl, "ttft_short_ms": short, "late_cancelled": censored,
         "completed": len(reqs.get("successful") or []), "errored": len(reqs.get("errored") or []),
         "incomplete": len(reqs.get("incomplete") or []),
         "measured_s": float(sm["measure_end_time"]) - float(sm["measure_start_time"]),
@@ -130,6 +135,11 @@ def rate_summary(samples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "late_cancelled": sum(s["late_cancelled"] for s in runs), "n_ttft": len(ttft), "n_itl": len(itl),
     }
     out["slo_met"] = meets_slo(nearest_rank(ttft, 99), nearest_rank(itl, 99))
+    # NOTE: secondary: TTFT p99 of the completed short requests (chat, shared system prompt) only, for
+    # models where no rate can prefill the 1,000-1,500-token prompts within the TTFT bound.
+    short = [x for s in runs for x in s.get("ttft_short_ms", [])]
+    out["ttft_p99_short_ms"] = nearest_rank(short, 99)
+    out["slo_met_short"] = meets_slo(out["ttft_p99_short_ms"], nearest_rank(itl, 99))
     return out
 
 

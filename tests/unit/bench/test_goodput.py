@@ -104,3 +104,11 @@ def test_a_raced_poisson_schedule_is_detected() -> None:
     raced = {"requests": {"incomplete": [{"info": {"timings": {"targeted_start": 3.2}}}]},
              "scheduler_metrics": {"start_time": 1000.0}}
     assert not arrivals_broken(ok) and arrivals_broken(raced)
+
+
+def test_the_short_requests_ttft_figure_leaves_summarisation_out() -> None:
+    long_slow = [{**done(5000, 50), "prompt_tokens": 1300}] * 5
+    short_fast = [{**done(100, 50), "prompt_tokens": 60}] * 95
+    summary = rate_summary([request_samples(bench(long_slow + short_fast))])
+    assert not summary["slo_met"] and summary["ttft_p99_ms"] == 5000
+    assert summary["slo_met_short"] and summary["ttft_p99_short_ms"] == 100
