@@ -122,6 +122,6 @@ SCENARIOS = [
         r_tool_calls,
         900,
     ),
-    Scenario("S", "goodput", s_goodput.TITLE, s_goodput, 4500),
+    Scenario("S", "goodput", s_goodput.TITLE, s_goodput, 4600),
 ]
 BY_KEY = {s.key: s for s in SCENARIOS}

@@ -9,7 +9,8 @@ jsonl per (round, rate) — short chat turns, long-prompt summarisation (1,000-1
 short questions under a few shared ~300-token system prompts, each with its own output length (sent as
 ``max_completion_tokens`` with ``ignore_eos``); see ``bench/harness/goodput.py``.
 
-Each rate runs a fixed time (60 s; ``--quick``: 20 s, Gemma only, 2 low rates, a shorter mix); the two servers alternate
+Each rate runs a fixed time (60 s, longer at low rates for >= 20 expected arrivals; ``--quick``: 20 s,
+Gemma only, 2 low rates, a shorter mix); the two servers alternate
 at every rate (the order flips each rate and each round), the load average is recorded before each
 arm, 2 rounds. Per rate and server: TTFT p50/p99, inter-token latency p50/p99 (guidellm's per-request
 ITL), completed requests/s, pooled over the rounds. SLO: TTFT p99 <= 2 s and ITL p99 <= 200 ms, with
@@ -50,11 +51,13 @@ from bench.harness.tables import fmt, table, verdict
 
 TITLE = "Goodput by guidellm (Poisson rates, chat/summarise/shared-system mix) vs llama.cpp's llama-server"
 MODEL_1B = ROOT / "models" / "tinyllama-shape-1.1b-q4_k_m.gguf"
-# NOTE: bracketing both servers' capacity on a quiet 2-core machine: Gemma prefills ~900 tok/s (scenario C)
-# and the mix averages ~380 prompt and ~80 output tokens a request; the 1.1B shape is several times slower.
-RATES = {"gemma": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), "1.1b": (0.1, 0.2, 0.35, 0.5, 0.75, 1.0)}
+# NOTE: bracketing both servers' capacity on a 2-core machine: the mix averages ~380 prompt and ~80 output
+# tokens a request and Gemma prefills ~500 tok/s here (llama-server's log, a quiet probe), so it saturates
+# near 1 req/s; the 1.1B shape is several times slower. A rate runs at least SECONDS and long enough for
+# MIN_ARRIVALS expected arrivals (0.1 req/s: 200 s), so that each p99 has some samples.
+RATES = {"gemma": (0.2, 0.35, 0.5, 0.75, 1.0, 1.5), "1.1b": (0.1, 0.15, 0.25, 0.35, 0.5)}
 QUICK_RATES = (0.25, 0.5)
-SECONDS, QUICK_SECONDS = 60.0, 20.0
+SECONDS, QUICK_SECONDS, MIN_ARRIVALS = 60.0, 20.0, 20
 CTX, SLOTS = 8192, 32
 ARMS = ("ours", "llama_server")
 # NOTE: guidellm cancels the streams still open when a rate's time is up; a server may finish its current
@@ -104,7 +107,8 @@ def _arm(name: str, arm: str, url: str, pid: int, data: Path, rate: float, secon
         _wait_idle(pid)
         load = load_now()
     s = request_samples(bench)
-    row = {"round": r, **load, "attempts": attempts, "arrivals_broken": broken, **{k: v for k, v in s.items() if not k.endswith("_ms")},
+    row = {"round": r, "seconds": seconds, **load, "attempts": attempts, "arrivals_broken": broken,
+           **{k: v for k, v in s.items() if not k.endswith("_ms")},
            "guidellm": own_figures(bench), "_samples": s}
     say(f"    {name} rate {rate:g} round {r} {arm:>12}: {s['completed']} done, {s['errored']} errored, "
         f"{s['incomplete']} cancelled at the end ({s['late_cancelled']} after > 2 s); guidellm TTFT p99 "
@@ -113,8 +117,9 @@ def _arm(name: str, arm: str, url: str, pid: int, data: Path, rate: float, secon
     return row
 
 
-def _model(cfg: BenchConfig, name: str, model: Path, rates: tuple[float, ...], seconds: float,
+def _model(cfg: BenchConfig, name: str, model: Path, rates: tuple[float, ...], quick_s: float | None,
            rounds: int) -> dict[str, Any]:
+    """Both servers on ``model``, every rate for ``rounds`` (``quick_s``: that many seconds a rate)."""
     maker = PromptMaker(model, seed=3939)
     systems = system_prompts(maker.text)
     port = free_port()
@@ -130,6 +135,7 @@ def _model(cfg: BenchConfig, name: str, model: Path, rates: tuple[float, ...], s
         _warm(urls["llama_server"], "peer")
         for r in range(rounds):
             for i, rate in enumerate(rates):
+                seconds = quick_s if quick_s else max(SECONDS, MIN_ARRIVALS / rate)
                 data = _data(maker, systems, rate, seconds, 100 * r + i, Path(tmp), cfg.quick)
                 for arm in ARMS if (r + i) % 2 == 0 else tuple(reversed(ARMS)):
                     runs[arm][f"{rate:g}"].append(_arm(name, arm, urls[arm], pids[arm], data, rate, seconds, r))
@@ -157,10 +163,11 @@ def _summarise(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, An
 def run(cfg: BenchConfig) -> dict[str, Any]:
     guidellm_binary()  # skip early when the load tool is not installed
     llama_server_binary()  # ... or the peer is not built
-    seconds, rounds = (QUICK_SECONDS, 1) if cfg.quick else (SECONDS, 2)
+    quick_s, rounds = (QUICK_SECONDS, 1) if cfg.quick else (None, 2)
     for stale in (results_dir() / "goodput").glob("*.json.gz"):  # this run's reports replace the last run's
         stale.unlink()
-    doc: dict[str, Any] = {"slo": {"ttft_p99_ms": TTFT_P99_MS, "itl_p99_ms": ITL_P99_MS}, "seconds_per_rate": seconds,
+    doc: dict[str, Any] = {"slo": {"ttft_p99_ms": TTFT_P99_MS, "itl_p99_ms": ITL_P99_MS},
+                           "seconds_per_rate": quick_s or f">= {SECONDS:g}, >= {MIN_ARRIVALS} arrivals",
                            "rounds": rounds, "ctx": CTX, "slots": SLOTS, "tool": "guidellm 0.8.1", "models": {}}
     models = [("gemma", Path(cfg.model))] + ([] if cfg.quick else [("1.1b", MODEL_1B)])
     for name, model in models:
@@ -168,10 +175,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             doc["models"][name] = {"skipped": f"{model} missing: run `make bench-model-1b`"}
             continue
         rates = QUICK_RATES if cfg.quick else RATES[name]
-        say(f"  {name} ({model.name}): rates {', '.join(f'{x:g}' for x in rates)} req/s, {seconds:g} s each, "
-            f"{rounds} round(s), arms alternating")
-        doc["models"][name] = {"model": model.name, "rates": list(rates), **_model(cfg, name, model, rates,
-                                                                                     seconds, rounds)}
+        say(f"  {name} ({model.name}): rates {', '.join(f'{x:g}' for x in rates)} req/s, "
+            f"{doc['seconds_per_rate']} s each, {rounds} round(s), arms alternating")
+        doc["models"][name] = {"model": model.name, "rates": list(rates),
+                               **_model(cfg, name, model, rates, quick_s, rounds)}
         m = doc["models"][name]
         say(f"  {name} goodput: ours {m['goodput_rps']['ours']}, llama-server {m['goodput_rps']['llama_server']} "
             f"req/s (ratio {fmt(m['goodput_ratio'], 2)}, target >= {TARGET:g})")
@@ -205,7 +212,7 @@ def render(r: dict[str, Any]) -> str:
                      f"{fmt(m['max_completed_rps']['llama_server'], 2)}; short requests only (TTFT p99 of chat "
                      f"and shared-system requests): {fmt(m['goodput_short_rps']['ours'], 2)} vs "
                      f"{fmt(m['goodput_short_rps']['llama_server'], 2)} req/s")
-    note = (f"guidellm 0.8.1, streamed chat completions, Poisson arrivals, {r['seconds_per_rate']:g} s per rate, "
+    note = (f"guidellm 0.8.1, streamed chat completions, Poisson arrivals, {r['seconds_per_rate']} s per rate, "
             f"{r['rounds']} alternating round(s); SLO TTFT p99 <= {r['slo']['ttft_p99_ms'] / 1000:g} s and ITL p99 "
             f"<= {r['slo']['itl_p99_ms']:g} ms (errored and > 2 s-cancelled requests count as TTFT misses); "
             f"goodput = the highest rate meeting it (all lower rates too); target >= {TARGET:g}x llama-server.")

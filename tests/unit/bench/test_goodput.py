@@ -1,4 +1,4 @@
-"""Scenario S's pure parts: the request mix, censoring-aware per-rate percentiles and goodput (no model, no guidellm)."""
+"""Scenario S's pure parts: the request mix, censoring-aware per-rate percentiles, goodput (no model, no guidellm)."""
 
 from __future__ import annotations
 
