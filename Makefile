@@ -12,7 +12,7 @@ BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
 LLAMA_TOOLS := .llama-tools
 ARGS ?=
 
-.PHONY: setup serve test unit lint docs stubs templates model bench-model bench-model-1b llama-tools bench bench-env soak polyglot semantic postgres netns kubectl clean help
+.PHONY: setup serve test unit lint docs stubs templates model bench-model bench-model-1b llama-tools bench bench-env goodput-env soak polyglot semantic postgres netns kubectl clean help
 
 help:
 	@echo "make serve   - set up and serve the default model on :50051 (ARGS='--port 6000 ...')"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench   - run the benchmarks on the benchmark model (results in bench/results/)"
 	@echo "make llama-tools - build llama.cpp's llama-server, llama-batched-bench and llama-quantize (.llama-tools/bin)"
 	@echo "make bench-model-1b - build the 1.1B-shape benchmark model (synthetic weights, Q4_K_M, pinned sha256)"
+	@echo "make goodput-env - guidellm (the load tool of scenario S) in its own venv .venv-guidellm (bench/requirements-goodput.txt)"
 	@echo "make soak    - 10 min of mixed load on one server: RssAnon slope and unexpected errors (ARGS='--minutes 1')"
 	@echo "make lint    - ruff, mypy, import-linter (the dependency rule) and buf lint"
 	@echo "make docs    - regenerate docs/configuration.md from service/config.py (a test fails when stale)"
@@ -113,6 +114,16 @@ docs: $(STAMP)
 bench-env: setup
 	$(PIP) install -q -r bench/requirements-bench.txt
 	$(PIP) install -q --no-deps -r requirements-semantic.txt  # scenario K's semantic half
+
+# Scenario S (goodput) drives the servers with guidellm, in a venv of its own so that its dependencies
+# (torch, transformers, datasets) never enter the project's .venv. torch is the CPU build (pinned).
+GOODPUT_VENV := .venv-guidellm
+goodput-env: $(GOODPUT_VENV)/.stamp
+$(GOODPUT_VENV)/.stamp: bench/requirements-goodput.txt
+	test -x $(GOODPUT_VENV)/bin/python || $(PYTHON) -m venv $(GOODPUT_VENV)
+	$(GOODPUT_VENV)/bin/python -m pip install -q -r bench/requirements-goodput.txt
+	$(GOODPUT_VENV)/bin/guidellm --help >/dev/null
+	touch $@
 
 bench: bench-env bench-model
 	$(PY) -m bench.run $(ARGS)

@@ -23,6 +23,9 @@ Scenarios (each starts its own server subprocesses and stops them):
                       sharing no prefix, after that load vs on a fresh server (make llama-tools)
   R tool_calls        tool calling (tool_choice auto) vs llama-server --jinja, default model and the 1.1B
                       shape with a tool-capable template; the auto grammar's cost per token (make llama-tools)
+  S goodput           guidellm (the field's load tool) with Poisson arrivals at a sweep of rates, chat /
+                      summarisation / shared-system mix: TTFT and ITL p50/p99, req/s, goodput at TTFT p99 <= 2 s
+                      and ITL p99 <= 200 ms vs llama-server, both models (make goodput-env llama-tools)
   T mixed_peer        32 batch streams + an interactive request every 2 s over HTTP vs llama-server, Gemma and
                       the 1.1B shape: interactive TTFT / end-to-end p99, batch tok/s (make llama-tools)
   U kv_cache_types    --kv-cache-type f16 vs q8_0 vs q4_0: bytes per token, sequences of 2,048 in 1 GiB,

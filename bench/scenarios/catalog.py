@@ -27,6 +27,7 @@ from bench.scenarios import (
     p_http,
     q_prefix_defaults,
     r_tool_calls,
+    s_goodput,
     t_mixed_peer,
     u_kv_cache_types,
 )
@@ -123,6 +124,7 @@ SCENARIOS = [
         r_tool_calls,
         900,
     ),
+    Scenario("S", "goodput", s_goodput.TITLE, s_goodput, 4600),
     Scenario(
         "T",
         "mixed_peer",

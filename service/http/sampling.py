@@ -52,12 +52,15 @@ class Streaming:
 
 def streaming(body: Body) -> Streaming:
     stream = bool(body.bool_("stream"))
-    opts = body.obj("stream_options", ("include_usage", "include_obfuscation"))
+    opts = body.obj("stream_options", ("include_usage", "include_obfuscation", "continuous_usage_stats"))
     if opts is not None and not stream:
         raise bad_param("stream_options", "stream_options is only allowed when stream is true")
     include = bool(opts.bool_("include_usage")) if opts is not None else False
     if opts is not None:
         opts.bool_("include_obfuscation")  # accepted and ignored: nothing is obfuscated here
+        # NOTE: vLLM's extension, sent by load tools (guidellm): accepted and ignored; the usage comes in
+        # the last chunk (include_usage), which is what those tools read.
+        opts.bool_("continuous_usage_stats")
     return Streaming(stream, include)
 
 

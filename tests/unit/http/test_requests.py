@@ -140,6 +140,16 @@ def test_logprobs_and_stream_options_reach_the_output_plan() -> None:
     assert (p.output.stream, p.output.include_usage, p.output.logprobs) == (True, True, 3)
 
 
+def test_the_body_a_load_tool_sends_is_served() -> None:
+    """guidellm's chat body: vLLM's continuous_usage_stats (ignored), stop null, ignore_eos, content parts."""
+    p = chat(messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": [
+        {"type": "text", "text": "hi"}]}], stream=True, max_completion_tokens=7, stop=None, ignore_eos=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert (p.output.include_usage, p.request.sampling.max_tokens, p.request.sampling.ignore_eos) == (True, 7, True)
+    assert refused(chat, stream=True, stream_options={"continuous_usage_stats": 1}).param == (
+        "stream_options.continuous_usage_stats")
+
+
 def test_completion_defaults_to_sixteen_tokens_and_takes_a_prompt_in_every_openai_shape() -> None:
     p = parse_completion({"model": MODEL, "prompt": ["Once"], "logprobs": 2, "echo": False}, MODEL, None)
     assert (p.request.prompt, p.request.sampling.max_tokens, p.request.sampling.top_logprobs) == ("Once", 16, 2)
