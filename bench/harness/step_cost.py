@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from inference.v1 import inference_pb2 as pb
 
 
 def fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -74,3 +77,19 @@ def caps_meeting(a: float, b: float, *, n: int, tokens: int, interval_s: float, 
         if p.e2e_vs_alone <= e2e_max and p.batch_vs_alone >= batch_min:
             out.append(k)
     return out
+
+
+def phases_delta(before: pb.GetMetricsResponse, after: pb.GetMetricsResponse) -> dict[str, Any]:
+    """Per-step ms and share of each phase between two GetMetrics responses."""
+    steps = after.step_phases.steps - before.step_phases.steps
+    secs = {k: v - before.step_phases.seconds_total.get(k, 0.0) for k, v in after.step_phases.seconds_total.items()}
+    total = sum(secs.values())
+    return {
+        "steps": steps,
+        "ms_per_step": {k: round(1000 * v / steps, 3) for k, v in secs.items()} if steps else {},
+        "share": {k: round(v / total, 4) for k, v in secs.items()} if total else {},
+        "python_share": round(1 - secs.get("decode", 0.0) / total, 4) if total else None,
+        "tokens_per_step": round((after.generated_tokens_total - before.generated_tokens_total) / steps, 2)
+        if steps
+        else None,
+    }

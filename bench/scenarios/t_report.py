@@ -64,9 +64,7 @@ def phase_row(out: dict[str, Any], m0: Any, m1: Any) -> dict[str, Any]:
                ttft_samples_ms=[round(r.ttft_ms, 1) for r in ok if r.ttft_ms is not None],
                e2e_samples_ms=[round(r.e2e_ms, 1) for r in ok])
     if m0 is not None and m1 is not None:
-        from bench.studies.step_phases import phases_delta
-
-        steps = phases_delta(m0, m1)
+        steps = step_cost.phases_delta(m0, m1)
         steps["ms_per_step_total"] = round(sum(steps["ms_per_step"].values()), 2)
         row["steps"] = steps
     return row

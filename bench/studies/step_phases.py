@@ -23,32 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inference.v1 import inference_pb2 as pb
-
 from bench.harness.config import DEFAULT_MODEL, ROOT
 from bench.harness.grpc_load import channel, closed_loop, get_metrics, summarize
 from bench.harness.procs import GrpcServer
 from bench.harness.prompts import PromptMaker
+from bench.harness.step_cost import phases_delta
 
 MAX_TOKENS = 64
 PER_CLIENT = {1: 8, 4: 4, 8: 3, 16: 2, 32: 2}
 SWITCH = re.compile(r"compute threads now (\d+) \((up|down)")
-
-
-def phases_delta(before: pb.GetMetricsResponse, after: pb.GetMetricsResponse) -> dict[str, Any]:
-    """Per-step ms and share of each phase between two GetMetrics responses."""
-    steps = after.step_phases.steps - before.step_phases.steps
-    secs = {k: v - before.step_phases.seconds_total.get(k, 0.0) for k, v in after.step_phases.seconds_total.items()}
-    total = sum(secs.values())
-    return {
-        "steps": steps,
-        "ms_per_step": {k: round(1000 * v / steps, 3) for k, v in secs.items()} if steps else {},
-        "share": {k: round(v / total, 4) for k, v in secs.items()} if total else {},
-        "python_share": round(1 - secs.get("decode", 0.0) / total, 4) if total else None,
-        "tokens_per_step": round((after.generated_tokens_total - before.generated_tokens_total) / steps, 2)
-        if steps
-        else None,
-    }
 
 
 async def cell(target: str, model: Path, c: int) -> dict[str, Any]:
