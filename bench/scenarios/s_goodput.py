@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import ROOT, BenchConfig, results_dir, say
+from bench.harness.config import ROOT, SKIP_1B, BenchConfig, results_dir, say
 from bench.harness.goodput import (
     ITL_P99_MS,
     LENGTHS,
@@ -171,6 +172,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                            "rounds": rounds, "ctx": CTX, "slots": SLOTS, "tool": "guidellm 0.8.1", "models": {}}
     models = [("gemma", Path(cfg.model))] + ([] if cfg.quick else [("1.1b", MODEL_1B)])
     for name, model in models:
+        if name == "1.1b" and os.environ.get(SKIP_1B):
+            doc["models"][name] = {"skipped": f"not run: {SKIP_1B} was set"}
+            continue
         if not model.is_file():
             doc["models"][name] = {"skipped": f"{model} missing: run `make bench-model-1b`"}
             continue

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.config import DEFAULT_MODEL, ROOT, BenchConfig, say
+from bench.harness.config import DEFAULT_MODEL, ROOT, SKIP_1B, BenchConfig, say
 from bench.harness.procs import GrpcServer, LlamaServer, llama_server_binary
 from bench.harness.prompts import PromptMaker
 from bench.scenarios import t_report
@@ -149,6 +150,9 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"load": load.__dict__, "ctx": CTX, "slots": SLOTS, "cap": _cap(cfg), "models": {}}
     models = _models(cfg)
     for tag, model in models:
+        if tag == "1.1b" and model != Path(cfg.model).resolve() and os.environ.get(SKIP_1B):
+            out["models"][tag] = {"skipped": f"not run: {SKIP_1B} was set"}
+            continue
         if not model.is_file():
             out["models"][tag] = {"skipped": f"{model} missing: run `make bench-model-1b`"}
             continue
