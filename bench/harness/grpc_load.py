@@ -234,6 +234,26 @@ async def closed_loop(
     return [r for g in groups for r in g]
 
 
+@dataclass(frozen=True)
+class Metered:
+    """A closed-loop run between two GetMetrics snapshots."""
+
+    results: list[ReqResult]
+    wall_s: float
+    before: pb.GetMetricsResponse
+    after: pb.GetMetricsResponse
+
+
+async def metered_closed_loop(target: str, prompts: Sequence[Sequence[str]], max_tokens: int) -> Metered:
+    """``closed_loop`` on a fresh channel to ``target``, with GetMetrics taken just before and after."""
+    async with channel(target) as ch:
+        before = await get_metrics(ch)
+        t0 = time.perf_counter()
+        results = await closed_loop(ch, prompts, max_tokens)
+        wall = time.perf_counter() - t0
+        return Metered(results, wall, before, await get_metrics(ch))
+
+
 def summarize(results: list[ReqResult], wall_s: float) -> dict[str, Any]:
     """Aggregate throughput and client-side latency of a set of requests."""
     ok = [r for r in results if r.ok]

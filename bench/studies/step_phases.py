@@ -19,12 +19,11 @@ import asyncio
 import json
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.harness.config import DEFAULT_MODEL, ROOT
-from bench.harness.grpc_load import channel, closed_loop, get_metrics, summarize
+from bench.harness.grpc_load import metered_closed_loop, summarize
 from bench.harness.procs import GrpcServer
 from bench.harness.prompts import PromptMaker
 from bench.harness.step_cost import phases_delta
@@ -36,14 +35,9 @@ SWITCH = re.compile(r"compute threads now (\d+) \((up|down)")
 
 async def cell(target: str, model: Path, c: int) -> dict[str, Any]:
     prompts = [PromptMaker(model, seed=500 + c).unique(PER_CLIENT.get(c, 2), 30, 60) for _ in range(c)]
-    async with channel(target) as ch:
-        before = await get_metrics(ch)
-        t0 = time.perf_counter()
-        results = await closed_loop(ch, prompts, MAX_TOKENS)
-        wall = time.perf_counter() - t0
-        after = await get_metrics(ch)
-    row = summarize(results, wall)
-    return {"tok_s": round(row["tok_s"] or 0.0, 1), "failed": row["failed"], **phases_delta(before, after)}
+    m = await metered_closed_loop(target, prompts, MAX_TOKENS)
+    row = summarize(m.results, m.wall_s)
+    return {"tok_s": round(row["tok_s"] or 0.0, 1), "failed": row["failed"], **phases_delta(m.before, m.after)}
 
 
 def run_model(model: Path, streams: list[int], threads: int, fixed: bool, extra: list[str]) -> list[dict[str, Any]]:

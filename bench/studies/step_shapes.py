@@ -19,12 +19,11 @@ import argparse
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.harness.config import DEFAULT_MODEL, ROOT
-from bench.harness.grpc_load import channel, closed_loop, get_metrics, summarize
+from bench.harness.grpc_load import metered_closed_loop, summarize
 from bench.harness.procs import GrpcServer
 from bench.harness.prompts import PromptMaker
 
@@ -33,13 +32,9 @@ PER_CLIENT = {1: 6, 4: 4, 8: 3, 16: 2, 32: 2}
 
 
 async def _measure(target: str, prompts: list[list[str]]) -> dict[str, Any]:
-    async with channel(target) as ch:
-        before = await get_metrics(ch)
-        t0 = time.perf_counter()
-        results = await closed_loop(ch, prompts, MAX_TOKENS)
-        wall = time.perf_counter() - t0
-        after = await get_metrics(ch)
-    row = summarize(results, wall)
+    m = await metered_closed_loop(target, prompts, MAX_TOKENS)
+    before, after, wall = m.before, m.after, m.wall_s
+    row = summarize(m.results, wall)
     steps = after.step_phases.steps - before.step_phases.steps
     hist = {b.sequences: b.steps for b in before.batch_sizes}
     single = sum(b.steps - hist.get(b.sequences, 0) for b in after.batch_sizes if b.sequences == 1)
