@@ -20,6 +20,7 @@ Targets: q8_0 holds >= 1.8x the sequences of f16 in the same memory, runs >= 0.9
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -27,7 +28,7 @@ from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from bench.harness.config import BenchConfig, say
-from bench.harness.grpc_load import channel, closed_loop, get_metrics, summarize
+from bench.harness.grpc_load import channel, closed_loop, summarize
 from bench.harness.procs import GrpcServer
 from bench.harness.prompts import PromptMaker
 from bench.harness.results import load_now
@@ -126,18 +127,15 @@ def _speed(targets: dict[str, str], maker: PromptMaker, levels: dict[int, int], 
 
 async def _load(target: str, prompts: list[list[str]]) -> list[Any]:
     async with channel(target) as ch:
-        await get_metrics(ch)
         return await closed_loop(ch, prompts, 64)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
     maker = PromptMaker(cfg.model, seed=3939)
-    servers = {k: GrpcServer(f"U-{k}", cfg.model, "--ctx", str(CTX), "--kv-cache-type", k,
-                             "--prefix-cache-tokens", "0", threads=cfg.server_threads()) for k in TYPES}
-    try:
-        for srv in servers.values():
-            srv.start()
-        targets = {k: s.target for k, s in servers.items()}
+    with contextlib.ExitStack() as stack:  # NOTE: all three up at once; each stops on the way out
+        targets = {k: stack.enter_context(GrpcServer(
+            f"U-{k}", cfg.model, "--ctx", str(CTX), "--kv-cache-type", k, "--prefix-cache-tokens", "0",
+            threads=cfg.server_threads())).target for k in TYPES}
         for t in targets.values():
             asyncio.run(_load(t, [["warm up the server"]]))
         memory = {k: _memory(t) for k, t in targets.items()}
@@ -146,9 +144,6 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
                 f"at ctx {CTX}; {m['sequences_in_budget']} sequences of {SEQ_TOKENS} in {BUDGET_MIB} MiB")
         drift = _drift(targets, cfg.quick)
         speed = _speed(targets, maker, QUICK_LEVELS if cfg.quick else LEVELS, 1 if cfg.quick else 2)
-    finally:
-        for srv in servers.values():
-            srv.stop()
     return {"budget_mib": BUDGET_MIB, "seq_tokens": SEQ_TOKENS, "memory": memory, "speed": speed,
             "drift": drift, "targets": _targets(memory, speed, drift)}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -71,18 +72,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/extra/step_shapes.json")
     args = ap.parse_args()
     sources = {"before": args.before.resolve(), "after": args.after.resolve()}
-    servers = {arm: GrpcServer(f"step-shapes-{arm}", args.model, "--max-running", "32", source=src)
-               for arm, src in sources.items()}
-    try:
-        for s in servers.values():
-            s.start()
-        targets = {arm: s.target for arm, s in servers.items()}
+    with contextlib.ExitStack() as stack:  # NOTE: both up at once; each stops on the way out
+        targets = {arm: stack.enter_context(GrpcServer(f"step-shapes-{arm}", args.model, "--max-running", "32",
+                                                       source=src)).target for arm, src in sources.items()}
         for t in targets.values():
             asyncio.run(_measure(t, [["warm up"]]))
         cells = _paired(targets, args.model, [int(x) for x in args.streams.split(",")], args.reps)
-    finally:
-        for s in servers.values():
-            s.stop()
     doc = {"model": args.model.name, "sources": {k: str(v) for k, v in sources.items()}, "cells": cells}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1))
