@@ -73,7 +73,7 @@ def test_the_family_is_detected_and_reported(served: tuple[str, Any]) -> None:
 def test_a_forced_call_in_the_familys_syntax_streamed_and_not(served: tuple[str, Any]) -> None:
     _name, srv = served
     client, model = clients(srv)
-    kw: dict[str, Any] = {"model": model, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 64,
+    kw: dict[str, Any] = {"model": model, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 200,
                           "temperature": 0, "parallel_tool_calls": False, "messages": ASK}
     whole = client.chat.completions.create(**kw)
     calls = whole.choices[0].message.tool_calls or []
@@ -90,7 +90,7 @@ def test_a_forced_call_in_the_familys_syntax_streamed_and_not(served: tuple[str,
 def test_a_round_trip_renders_the_call_and_the_result_in_the_models_template(served: tuple[str, Any]) -> None:
     name, srv = served
     client, model = clients(srv)
-    first = client.chat.completions.create(model=model, tools=[WEATHER], tool_choice="required", max_tokens=64,
+    first = client.chat.completions.create(model=model, tools=[WEATHER], tool_choice="required", max_tokens=200,
                                            temperature=0, parallel_tool_calls=False, messages=ASK)
     call = (first.choices[0].message.tool_calls or [])[0]
     history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
