@@ -17,8 +17,9 @@ Two kinds here: ``JsonCalls`` (each call one JSON object holding the function's
 name and its arguments: Hermes/Qwen, Llama 3.x, Mistral Nemo, Granite, Command R7B,
 ...) and ``NamedCalls`` (the name written before a JSON object of arguments:
 Mistral v11, DeepSeek, Kimi K2, Functionary v3.1, ...). XML-style parameters are
-``service.chat.xml_calls``. Arguments are JSON as ``tojson`` writes it (", " and
-": "), the way the templates render earlier calls.
+``service.chat.xml_calls``, Functionary v3.2's recipient-headed messages
+``service.chat.recipient_calls``. Arguments are JSON as ``tojson`` writes it (", "
+and ": "), the way the templates render earlier calls.
 """
 
 from __future__ import annotations
