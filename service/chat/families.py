@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.chat.calls import ToolCall
+from service.chat.recipient_calls import RecipientCalls
 from service.chat.syntax import JsonCalls, Layout, NamedCalls, Syntax
 from service.chat.xml_calls import XmlCalls
 
@@ -40,6 +41,16 @@ def mistral_id(call_id: str, index: int) -> str:
 
 def _mistral(call: ToolCall, index: int) -> str:
     return mistral_id(call.id, index)
+
+
+def _dsml(block: str) -> XmlCalls:
+    """DeepSeek V3.2's and V4's DSML calls, in a ``block`` ("function_calls", "tool_calls"); ``｜DSML｜`` is
+    one special token of their vocabulary, and the templates write "\n\n" before the block."""
+    d = "｜DSML｜"
+    return XmlCalls(Layout(start=f"<{d}{block}>\n", call_open=f'<{d}invoke name="', call_close=f"</{d}invoke>\n",
+                           end=f"</{d}{block}>"), name_close='">\n', param_open=f'<{d}parameter name="',
+                    key_close='" string="true">', json_key_close='" string="false">',
+                    param_close=f"</{d}parameter>\n", lead="\n\n")
 
 
 def _firefunction(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -82,6 +93,8 @@ FAMILIES: tuple[Family, ...] = (
                                         call_close="<|tool_call_end|>", end="<|tool_calls_section_end|>"),
                                  name_close=":{index}<|tool_call_argument_begin|>"),
            ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")),
+    Family("deepseek-v3.2", _dsml("function_calls"), ("｜DSML｜", "function_calls>"), notes="DeepSeek V3.2 (DSML)"),
+    Family("deepseek-v4", _dsml("tool_calls"), ("｜DSML｜", "tool_calls>"), notes="DeepSeek V4, V4 Flash (DSML)"),
     Family("deepseek-r1", NamedCalls(Layout(start="<｜tool▁calls▁begin｜>",
                                             call_open="<｜tool▁call▁begin｜>function<｜tool▁sep｜>",
                                             call_close="\n```<｜tool▁call▁end｜>", sep="\n",
@@ -95,6 +108,8 @@ FAMILIES: tuple[Family, ...] = (
                                     name_key="tool_name", args_key="parameters", id_key="tool_call_id",
                                     id_pattern="^[0-9]+$", order=("id", "name", "args"),
                                     id_of=lambda _call, index: str(index)), ("<|START_ACTION|>",)),
+    Family("functionary-v3.2", RecipientCalls(Layout(call_open=">>>"), name_close="\n"),
+           (">>>all", "<|start_header_id|>"), notes="Functionary v3.2: >>>all\\ntext, >>>name\\n{...}"),
     Family("functionary-v3.1", NamedCalls(Layout(call_open="<function=", call_close="</function>"),
                                           name_close=">"), ("<function=", "<|start_header_id|>")),
     Family("qwen3-coder", XmlCalls(Layout(call_open="<tool_call>\n<function=", call_close="</function>\n</tool_call>",

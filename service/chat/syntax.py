@@ -17,8 +17,9 @@ Two kinds here: ``JsonCalls`` (each call one JSON object holding the function's
 name and its arguments: Hermes/Qwen, Llama 3.x, Mistral Nemo, Granite, Command R7B,
 ...) and ``NamedCalls`` (the name written before a JSON object of arguments:
 Mistral v11, DeepSeek, Kimi K2, Functionary v3.1, ...). XML-style parameters are
-``service.chat.xml_calls``. Arguments are JSON as ``tojson`` writes it (", " and
-": "), the way the templates render earlier calls.
+``service.chat.xml_calls``, Functionary v3.2's recipient-headed messages
+``service.chat.recipient_calls``. Arguments are JSON as ``tojson`` writes it (", "
+and ": "), the way the templates render earlier calls.
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ class Syntax:
     def markers(self) -> list[str]:
         return [m for m in (*self.layout.markers(), self.lead, *self.extra_markers()) if m]
 
+    def written(self, content: str, calls: Sequence[ToolCall]) -> str:
+        """What the model writes after the generation prompt for an answer of ``content`` then ``calls``."""
+        return content + (self.render(calls) if calls else "")
+
     def render(self, calls: Sequence[ToolCall], esc: Esc = _same) -> str:
         lay = self.layout
         bodies = [lay.call_open + self.body(c, i, esc) + lay.call_close for i, c in enumerate(calls)]
@@ -163,10 +168,16 @@ class Syntax:
                 return "\n".join(["start: calls", *rules]) + "\n"
             # NOTE: calls only at the start (Llama's bare JSON): text must not start with "{"
             return "\n".join(["start: TEXT | calls", "TEXT: /([^{](?s:.*))?/", *rules]) + "\n"
-        first = m.parts(opening)[0]
+        parts = m.parts(opening)
+        first = parts[0]
         if isinstance(first, int):  # a special token starts the calls: free text cannot reach it
             head = ["start: TEXT | TEXT calls", "TEXT: /(?s:.*)/"]
             rules.insert(0, f"calls: {seq(m.lark(opening), 'body', *tail)}")
+        elif len(parts) > 1 and isinstance(parts[1], int):
+            # NOTE: text then a special token (DeepSeek's "<" before ｜DSML｜): a greedy lexeme ending in that
+            # text ends where the special token comes, which free text never holds
+            head = ["start: TEXT | HEAD calls", "TEXT: /(?s:.*)/", f"HEAD: /(?s:.*){regex_text(first)}/"]
+            rules.insert(0, f"calls: {seq(m.lark(opening[len(first):]), 'body', *tail)}")
         else:  # NOTE: a lazy lexeme ends at the trigger's first occurrence; the text alone never holds it
             trigger = first.rstrip() or first
             t = regex_text(trigger)
@@ -211,9 +222,11 @@ class Syntax:
     def _opening(self, r: Reader) -> Wait[bool]:
         """Content up to the calls (left unread), or all of the output when there are none (False)."""
         if self.trigger:
-            _, stop = yield from r.until((self.trigger,), r.content)
+            # NOTE: a lead before the trigger (DeepSeek's "\n\n") is the calls', not the content's
+            stops = (self.lead + self.trigger, self.trigger) if self.lead else (self.trigger,)
+            _, stop = yield from r.until(stops, r.content)
             if stop is not None:
-                r.pos -= len(stop)
+                r.pos -= len(self.trigger)
             return stop is not None
         if self.lead and (yield from r.take(self.lead)):
             return True

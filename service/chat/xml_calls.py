@@ -1,9 +1,11 @@
-"""XML-style calls: the function's name, then each argument as a tagged key and value (Qwen3-Coder, GLM, MiniMax).
+"""XML-style calls: the function's name, then each argument as a tagged key and value (Qwen3-Coder, GLM, MiniMax,
+DeepSeek V3.2/V4).
 
 ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>``
 and its relatives: a value whose property is a string is written as it is, any
 other value as JSON (what the templates' ``v | tojson if v is not string else v``
-render). The grammar writes each function's properties in the order of its
+render; DeepSeek's DSML marks which in the key's close, ``string="true"`` or ``"false"``:
+``json_key_close``). The grammar writes each function's properties in the order of its
 schema (the required ones always, the others optionally), a string as free text
 that cannot contain the value's closing marker and any other value under its
 property's schema (a string's ``enum``, ``const``, ``minLength`` and ``maxLength`` are in its
@@ -138,6 +140,16 @@ def _span(schema: dict[str, Any]) -> str:
     return f"{{{low},}}" if low else "*"
 
 
+def _before_special(parts: list[str | int]) -> str | None:
+    """The text before the first special token of a value's closing (None: it has none there): the value's
+    free text stops at that token (a greedy lexeme ending in the text, which no free text can run past)."""
+    if parts and isinstance(parts[0], int):
+        return ""
+    if len(parts) > 1 and isinstance(parts[0], str) and isinstance(parts[1], int):
+        return parts[0]
+    return None
+
+
 def _properties(f: Function) -> list[tuple[str, Any, bool]]:
     props = f.parameters.get("properties") if isinstance(f.parameters, dict) else None
     required = set(f.parameters.get("required") or []) if isinstance(f.parameters, dict) else set()
@@ -155,10 +167,14 @@ class XmlCalls(Syntax):
     param_close: str = ""
     parallel: bool = True
     lead: str = ""
+    json_key_close: str = ""  # the key's close before a JSON value, when it is not ``key_close`` (DeepSeek's)
     kind = "xml"
 
     def extra_markers(self) -> list[str]:
-        return [self.name_close, self.param_open, self.key_close, self.param_close]
+        return [self.name_close, self.param_open, self.key_close, self.json_key_close, self.param_close]
+
+    def _key_close(self, string: bool) -> str:
+        return self.key_close if string or not self.json_key_close else self.json_key_close
 
     def body(self, call: ToolCall, index: int, esc: Esc) -> str:
         try:
@@ -167,7 +183,7 @@ class XmlCalls(Syntax):
             args = None
         if not isinstance(args, dict):
             return esc(call.name) + self.name_close + esc(call.arguments)
-        params = [self.param_open + esc(k) + self.key_close
+        params = [self.param_open + esc(k) + self._key_close(isinstance(v, str))
                   + (esc(v) if isinstance(v, str) else json.dumps(deep(v, esc), ensure_ascii=False)) + self.param_close
                   for k, v in args.items()]
         return esc(call.name) + self.name_close + "".join(params)
@@ -181,14 +197,15 @@ class XmlCalls(Syntax):
             for j, (key, schema, required) in enumerate(_properties(f)):
                 name = f"p_{i}_{j}"
                 items.append(name if required else f"{name}?")
-                head = seq(m.lark(self.param_open), literal(key), m.lark(self.key_close))
-                if not is_string(schema):
+                string = is_string(schema)
+                head = seq(m.lark(self.param_open), literal(key), m.lark(self._key_close(string)))
+                if not string:
                     rules.append(f"{name}: {seq(head, json_rule(schema), m.lark(self.param_close))}")
                 elif (choices := _choices(schema)) is not None:
                     rules.append(f"{name}: {seq(head, choices, m.lark(self.param_close))}")
-                elif close and isinstance(close[0], int):  # a special token ends the value: free text stops there
-                    rules.append(f"{name}: {seq(head, f'V_{i}_{j}', m.lark(self.param_close))}")
-                    rules.append(f"V_{i}_{j}: /{_value(schema)}/")
+                elif (text := _before_special(close)) is not None:  # a special token ends the value: text stops
+                    rules.append(f"{name}: {seq(head, f'V_{i}_{j}', m.lark(self.param_close[len(text):]))}")
+                    rules.append(f"V_{i}_{j}: /{_value(schema)}{regex_text(text)}/")
                 else:  # NOTE: lazy: the value ends at the first occurrence of its closing text
                     end = close[0] if close and isinstance(close[0], str) else ""
                     rest = self.param_close[len(end):]
@@ -208,12 +225,15 @@ class XmlCalls(Syntax):
         r.begin(index, name)
         emit, first = r.args(index), True
         emit("{")
+        closes = (self.key_close, self.json_key_close) if self.json_key_close else (self.key_close,)
         while (yield from r.take(self.param_open)):
-            key, stop = yield from r.until((self.key_close,))
+            key, stop = yield from r.until(closes)
             value, stop2 = yield from r.until((self.param_close,))
             if stop is None or stop2 is None:
                 raise CallSyntaxError("the output ended inside a parameter")
-            if is_string(props.get(key)):
+            # NOTE: a family that marks the value's kind (DeepSeek's string="true") is read by its mark
+            string = stop == self.key_close if self.json_key_close else is_string(props.get(key))
+            if string:
                 value = json.dumps(value, ensure_ascii=False)
             else:
                 try:

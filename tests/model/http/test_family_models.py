@@ -30,6 +30,7 @@ DEEPSEEK = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<�
 KIMI = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
         "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
         "<|tool_call_argument_begin|>", "<|tool_call_end|>"]
+DSML = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "｜DSML｜"]
 # template -> (expected family, control tokens, bos, eos, user-defined tokens, tools rendered by the template)
 CASES: dict[str, tuple[str, list[str], str, str, list[str], str]] = {
     "Qwen-Qwen2.5-7B-Instruct": ("hermes", QWEN, "<|endoftext|>", "<|im_end|>", ["<tool_call>", "</tool_call>"],
@@ -40,6 +41,10 @@ CASES: dict[str, tuple[str, list[str], str, str, list[str], str]] = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("deepseek-r1", DEEPSEEK, "<｜begin▁of▁sentence｜>",
                                                  "<｜end▁of▁sentence｜>", ["<think>", "</think>"], "system_turn"),
     "moonshotai-Kimi-K2": ("kimi-k2", KIMI, "[BOS]", "[EOS]", [], "template"),
+    "meetkai-functionary-medium-v3.2": ("functionary-v3.2", LLAMA, "<|begin_of_text|>", "<|eot_id|>", [], "template"),
+    # NOTE: ｜DSML｜ is one special token of DeepSeek V3.2's vocabulary (llama.cpp preserves it as one)
+    "deepseek-ai-DeepSeek-V3.2": ("deepseek-v3.2", DSML, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                                  ["<think>", "</think>"], "template"),
 }
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
@@ -68,7 +73,7 @@ def test_the_family_is_detected_and_reported(served: tuple[str, Any]) -> None:
 def test_a_forced_call_in_the_familys_syntax_streamed_and_not(served: tuple[str, Any]) -> None:
     _name, srv = served
     client, model = clients(srv)
-    kw: dict[str, Any] = {"model": model, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 64,
+    kw: dict[str, Any] = {"model": model, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 200,
                           "temperature": 0, "parallel_tool_calls": False, "messages": ASK}
     whole = client.chat.completions.create(**kw)
     calls = whole.choices[0].message.tool_calls or []
@@ -85,7 +90,7 @@ def test_a_forced_call_in_the_familys_syntax_streamed_and_not(served: tuple[str,
 def test_a_round_trip_renders_the_call_and_the_result_in_the_models_template(served: tuple[str, Any]) -> None:
     name, srv = served
     client, model = clients(srv)
-    first = client.chat.completions.create(model=model, tools=[WEATHER], tool_choice="required", max_tokens=64,
+    first = client.chat.completions.create(model=model, tools=[WEATHER], tool_choice="required", max_tokens=200,
                                            temperature=0, parallel_tool_calls=False, messages=ASK)
     call = (first.choices[0].message.tool_calls or [])[0]
     history = [*ASK, first.choices[0].message.model_dump(exclude_none=True),

@@ -32,6 +32,8 @@ CASES: dict[str, tuple[list[str], str, str, dict[str, Any], bool]] = {
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (DEEPSEEK, DEEPSEEK[0], DEEPSEEK[1], {"enable_thinking": True},
                                                  True),
     "Qwen-Qwen3-0.6B": (QWEN, QWEN[0], QWEN[2], {}, False),
+    # NOTE: DSML calls after the thought (｜DSML｜ one special token, as in DeepSeek V3.2's vocabulary)
+    "deepseek-ai-DeepSeek-V3.2": ([*DEEPSEEK, "｜DSML｜"], DEEPSEEK[0], DEEPSEEK[1], {"enable_thinking": True}, True),
 }
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean", "const": True}}, "required": ["ok"],
           "additionalProperties": False}
@@ -245,7 +247,9 @@ def test_grpc_generate_keeps_the_thought_in_delta_reasoning_through_the_python_c
 
 
 # template -> it renders an earlier turn's thought (Qwen3's after the last user turn; DeepSeek R1's drops it)
-PASSES_BACK = {"Qwen-Qwen3-0.6B": True, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": False}
+# NOTE: DeepSeek V3.2 renders a thought only with thinking on (this render has no template variables)
+PASSES_BACK = {"Qwen-Qwen3-0.6B": True, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": False,
+               "deepseek-ai-DeepSeek-V3.2": False}
 
 
 def test_earlier_thoughts_are_passed_back_where_the_template_renders_them(served: tuple[str, Any]) -> None:

@@ -28,7 +28,7 @@ FUNCTIONS = [WEATHER, TIME]
 CALLS = [ToolCall("get_weather", '{"city": "Paris <b>", "days": 2, "where": {"lat": 48.8}}', "abcdefghi"),
          ToolCall("get_time", '{"zone": "CET"}', "jklmnopqr")]
 # Marker texts that are one token in their families' vocabularies.
-TOKEN = re.compile(r"<\|[^<>|]+\|>|<｜[^<>]+｜>|</?[a-z:_]+>|\[[A-Z_]+\]")
+TOKEN = re.compile(r"｜DSML｜|<\|[^<>|]+\|>|<｜[^<>]+｜>|</?[a-z:_]+>|\[[A-Z_]+\]")
 ALL = [GENERIC, *FAMILIES]
 
 
@@ -95,7 +95,7 @@ def test_forced_calls_follow_the_grammar_and_parse_back_to_exactly_the_calls(mod
     want = calls_of(family)
     for required in (True, False):
         lead = "Let me check. " if not required and family.syntax.trigger else ""
-        ids = m.ids(lead + family.syntax.render(want))
+        ids = m.ids(family.syntax.written(lead, want))
         matcher = m.matcher(family.syntax.grammar(FUNCTIONS, required, True, m.markup))
         assert matcher.validate_tokens(ids) == len(ids), (required, matcher.get_error())
         matcher.consume_tokens(ids)
@@ -108,9 +108,9 @@ def test_forced_calls_follow_the_grammar_and_parse_back_to_exactly_the_calls(mod
 
 def test_one_call_when_parallel_calls_are_off(model: tuple[Family, Model]) -> None:
     family, m = model
-    ids = m.ids(family.syntax.render(CALLS))
+    ids = m.ids(family.syntax.written("", CALLS))
     matcher = m.matcher(family.syntax.grammar(FUNCTIONS, True, False, m.markup))
-    one = m.ids(family.syntax.render(CALLS[:1]))
+    one = m.ids(family.syntax.written("", CALLS[:1]))
     assert matcher.validate_tokens(ids) < len(ids) or not family.syntax.parallel
     assert matcher.validate_tokens(one) == len(one)
 
@@ -118,11 +118,12 @@ def test_one_call_when_parallel_calls_are_off(model: tuple[Family, Model]) -> No
 def test_auto_allows_text_alone_and_only_calls_after_the_trigger(model: tuple[Family, Model]) -> None:
     family, m = model
     grammar = family.syntax.grammar(FUNCTIONS, False, True, m.markup)
-    text = m.ids("It is sunny in Paris, no call needed.")
+    text = m.ids(family.syntax.written("It is sunny in Paris, no call needed.", []))
     assert m.matcher(grammar).validate_tokens(text) == len(text)
-    assert parse(family, "It is sunny.", 3).calls == []
+    alone = parse(family, family.syntax.written("It is sunny.", []), 3)
+    assert alone.calls == [] and alone.content == "It is sunny."
     opening = family.syntax.trigger or "{"
-    bad = m.ids("Sure. " + opening + " nothing")
+    bad = m.ids(family.syntax.written("Sure. ", []) + opening + " nothing")
     if not family.syntax.trigger:
         bad = m.ids(opening + " nothing")
     assert m.matcher(grammar).validate_tokens(bad) < len(bad)
@@ -133,7 +134,7 @@ def test_an_unknown_function_or_arguments_off_the_schema_are_refused(model: tupl
     grammar = family.syntax.grammar(FUNCTIONS, True, True, m.markup)
     for call in (ToolCall("get_wheather", '{"city": "Oslo", "days": 1}', "abcdefghi"),
                  ToolCall("get_weather", '{"city": "Oslo", "days": "two"}', "abcdefghi")):
-        ids = m.ids(family.syntax.render([call]))
+        ids = m.ids(family.syntax.written("", [call]))
         assert m.matcher(grammar).validate_tokens(ids) < len(ids)
 
 
@@ -153,3 +154,56 @@ def test_schema_keywords_llguidance_does_not_compile_are_left_to_the_final_valid
     matcher = m.matcher(GENERIC.syntax.grammar([fn], True, True, m.markup))
     ids = m.ids(GENERIC.syntax.render([ToolCall("f", '{"a": 3, "b": [1, 1]}')]))
     assert matcher.validate_tokens(ids) == len(ids)  # uniqueItems is not in the grammar
+
+
+def _family(name: str) -> Family:
+    return next(f for f in FAMILIES if f.name == name)
+
+
+@pytest.mark.parametrize("special", [True, False], ids=["special", "text"])
+def test_dsml_calls_after_the_templates_blank_line_leave_it_out_of_the_content(tmp_path: Path, special: bool) -> None:
+    """DeepSeek's templates write "\\n\\n" before the calls block: the grammar lets the model write it (auto and
+    required), and the parser keeps it out of the content."""
+    family = _family("deepseek-v3.2")
+    m = Model(family, special, tmp_path / "vocab.gguf")
+    for required, lead in ((True, ""), (False, "Let me check.")):
+        text = lead + "\n\n" + family.syntax.render(CALLS[1:])
+        ids = m.ids(text)
+        matcher = m.matcher(family.syntax.grammar(FUNCTIONS, required, True, m.markup))
+        assert matcher.validate_tokens(ids) == len(ids), matcher.get_error()
+        for step in (1, 3, len(text)):
+            got = parse(family, m.text(ids), step)
+            assert got.content == lead and same_calls(got.calls, CALLS[1:]), (step, got)
+
+
+@pytest.mark.parametrize("special", [True, False], ids=["special", "text"])
+def test_dsml_values_are_typed_by_their_mark_and_a_string_may_hold_markup(tmp_path: Path, special: bool) -> None:
+    """string="true" values are raw text (here with a closing tag and a newline: only the ``｜DSML｜`` token, or the
+    whole closing text, ends one), string="false" ones JSON under the property's schema."""
+    family = _family("deepseek-v4")
+    m = Model(family, special, tmp_path / "vocab.gguf")
+    call = ToolCall("get_weather", '{"city": "Paris </b>\\nFrance", "days": 3, "units": "c"}')
+    text = family.syntax.render([call])
+    assert '<｜DSML｜parameter name="city" string="true">Paris </b>\nFrance</｜DSML｜parameter>' in text
+    assert '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>' in text
+    ids = m.ids(text)
+    matcher = m.matcher(family.syntax.grammar(FUNCTIONS, True, True, m.markup))
+    assert matcher.validate_tokens(ids) == len(ids), matcher.get_error()
+    assert same_calls(parse(family, m.text(ids), 2).calls, [call])
+    wrong = m.ids(text.replace('name="days" string="false"', 'name="days" string="true"'))
+    assert m.matcher(family.syntax.grammar(FUNCTIONS, True, True, m.markup)).validate_tokens(wrong) < len(wrong)
+
+
+def test_functionary_v32_output_starts_with_its_recipient(tmp_path: Path) -> None:
+    """The prompt wrote the first ">>>": the output is "all\\n" and text (calls may follow, each ">>>NAME\\n"), or
+    the first call's name; under "auto" nothing else may start it."""
+    family = _family("functionary-v3.2")
+    m = Model(family, False, tmp_path / "vocab.gguf")
+    assert family.syntax.written("", CALLS) == 'get_weather\n' + family.syntax.render(CALLS)[len(">>>get_weather\n"):]
+    assert family.syntax.written("Hi.", CALLS[1:]) == 'all\nHi.>>>get_time\n{"zone": "CET"}'
+    grammar = family.syntax.grammar(FUNCTIONS, False, True, m.markup)
+    for bad in ("It is sunny.", "get_time {}", "all\nSure.>>>all\nmore"):
+        ids = m.ids(bad)
+        assert m.matcher(grammar).validate_tokens(ids) < len(ids), bad
+    got = parse(family, 'all\nChecking.>>>get_time\n{"zone": "CET"}', 4)
+    assert got.content == "Checking." and same_calls(got.calls, CALLS[1:])
