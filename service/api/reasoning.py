@@ -125,7 +125,9 @@ def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: Sta
             # for it and the calls would come back unread: refused rather than silently degraded
             raise BadRequest("thinking_budget_tokens with tools is not supported on gRPC yet: leave the budget "
                              "unset (the template's own thinking applies) or send no tools")
-        request.response_format.CopyFrom(pb.ResponseFormat(lark_grammar=reasoning.grammar(start, budget, answer)))
+        # NOTE: framed: the tools' call syntax writes its own message headers (harmony's)
+        grammar = reasoning.grammar(start, budget, answer, framed=bool(request.tools))
+        request.response_format.CopyFrom(pb.ResponseFormat(lark_grammar=grammar))
         sp.ClearField("json_finish")
         sp.ClearField("json_repeat_penalty")
     return ThoughtPlan(reasoning, start)

@@ -92,7 +92,7 @@ class RequestBuilder:
     def reasoning(self) -> Reasoning | None:
         """The model's reasoning markers in this vocabulary (None: it does not reason in markers)."""
         thinking = self.template.thinking
-        return None if thinking is None else Reasoning(thinking, self._bind([thinking.open, thinking.close]))
+        return None if thinking is None else Reasoning(thinking, self._bind(thinking.markers()))
 
     @functools.cached_property
     def shown_bytes(self) -> list[bytes]:

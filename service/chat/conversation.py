@@ -15,7 +15,8 @@ that need them, each decided by what the template was found to render
   ones joined); one call per turn only (Llama 3.x): a turn of several calls
   becomes one turn per call, each followed by its result; no system role: the
   system text starts the first user turn;
-* the family's call ids (``Family.call_id``) and extra variables.
+* the family's call ids (``Family.call_id``), extra variables and the field of
+  an earlier thought (``Family.thought_key``).
 
 Every string a caller wrote passes through ``esc`` (``ControlTokens.escape``), so
 that none becomes a control token; the server's own wording and the family's
@@ -48,7 +49,7 @@ class Turn:
     calls: tuple[ToolCall, ...] = ()
     call_id: str = ""
     name: str = ""
-    reasoning: str = ""  # assistant: its thought, the template's ``reasoning_content`` (rendered or dropped by it)
+    reasoning: str = ""  # assistant: its thought, the template's ``reasoning_content`` or its family's field
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,9 @@ class Builder:
 
     def assistant(self, t: Turn) -> None:
         content = self.esc(t.content)
-        # NOTE: Hugging Face's name for an earlier thought; a template that does not read it drops it
-        thought = {"reasoning_content": self.esc(t.reasoning)} if t.reasoning else {}
+        # NOTE: Hugging Face's name for an earlier thought (or the family's); a template that does not read it
+        # drops it
+        thought = {self.family.thought_key: self.esc(t.reasoning)} if t.reasoning else {}
         if not t.calls:
             self.add({"role": "assistant", "content": content, **thought})
         elif not self.caps.calls:

@@ -11,7 +11,9 @@ to the model by the server's system turn when the template does not render tools
 ``ids``: how a family's templates want earlier calls' ids (Mistral's are 9
 alphanumeric characters; any other id is mapped to one, the same for a call and its
 result). ``variables``: template variables a family's template needs besides
-``tools`` (FireFunction's ``functions`` and ``datetime``).
+``tools`` (FireFunction's ``functions`` and ``datetime``). ``thought_key``: the
+message field an earlier thought goes to (Hugging Face's ``reasoning_content``;
+gpt-oss's template reads ``thinking``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.chat.calls import ToolCall
+from service.chat.harmony import HarmonyCalls
 from service.chat.recipient_calls import RecipientCalls
 from service.chat.syntax import JsonCalls, Layout, NamedCalls, Syntax
 from service.chat.xml_calls import XmlCalls
@@ -68,6 +71,7 @@ class Family:
     absent: tuple[str, ...] = ()  # none occurs
     ids: Callable[[str, int], str] | None = None
     variables: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]] | None = None
+    thought_key: str = "reasoning_content"
     notes: str = field(default="", compare=False)
 
     def matches(self, source: str) -> bool:
@@ -82,6 +86,8 @@ HERMES = JsonCalls(Layout(call_open="<tool_call>\n", call_close="\n</tool_call>"
 GENERIC = Family("generic", HERMES, notes="Hermes-style <tool_call> JSON, described by the server")
 
 FAMILIES: tuple[Family, ...] = (
+    Family("gpt-oss", HarmonyCalls(), ("<|channel|>", "<|message|>", "<|call|>"), thought_key="thinking",
+           notes="gpt-oss (harmony): <|start|>assistant to=functions.name<|channel|>commentary json<|message|>{...}"),
     Family("mistral-v11-ids", NamedCalls(Layout(call_open="[TOOL_CALLS]"), name_close="[CALL_ID]{id}[ARGS]",
                                          id_of=_mistral), ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"), ids=mistral_id,
            notes="Mistral Small 3.2: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}"),

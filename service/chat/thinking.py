@@ -3,12 +3,20 @@
 A reasoning model writes its thought between two markers before its answer
 (``<think>...</think>``). ``detect(source)`` is the first row of ``MARKERS``
 whose markers both occur in the chat template's source, the more specific first
-(Seed-OSS's ``<seed:think>`` holds ``think>``). ``NOTE:`` rows the table leaves
-out, and why: gpt-oss's harmony channels (``<|channel|>analysis``) and Gemma 4's
-``<|channel>thought`` are channels of a turn, not a pair of markers around a
-thought (not a built family here); Apriel's ``[BEGIN FINAL RESPONSE]`` has no
-opening marker; Command R7B's ``<|START_THINKING|>`` is a plan before its calls,
-which its call syntax reads.
+(Seed-OSS's ``<seed:think>`` holds ``think>``).
+
+gpt-oss's harmony (``Channels``) writes messages on channels after the
+generation prompt's ``<|start|>assistant``: the thought is the analysis
+channel's message (``<|channel|>analysis<|message|>...<|end|>``), after which
+the model starts another message (``<|start|>assistant``), which is then where a
+prompt leaves generation: the final channel's answer, whose header
+(``<|channel|>final<|message|>``) is dropped from the answer and written by the
+answer's grammar (``answer_open``), or a call (``service.chat.harmony``).
+
+``NOTE:`` rows the table leaves out, and why: Gemma 4's ``<|channel>thought``
+(not a built family here); Apriel's ``[BEGIN FINAL RESPONSE]`` has no opening
+marker; Command R7B's ``<|START_THINKING|>`` is a plan before its calls, which
+its call syntax reads.
 
 Whether generation starts inside a thought depends on the rendered prompt, not
 on the template alone: DeepSeek R1's and QwQ's generation prompts end with
@@ -41,6 +49,12 @@ class Thinking:
     open: str
     close: str
     notes: str = ""
+    answer_open: str = ""  # the header a free answer starts with (dropped by the reader, written by the grammar)
+    answer_close: str = ""  # where such an answer ends (the rest of the output is neither thought nor answer)
+
+    def markers(self) -> list[str]:
+        """Every marker of the row (for the vocabulary's special tokens)."""
+        return [m for m in (self.open, self.close, self.answer_open, self.answer_close) if m]
 
     def matches(self, source: str) -> bool:
         return self.open in source and self.close in source
@@ -54,7 +68,21 @@ class Thinking:
         return Start.INSIDE if opened > closed else Start.CLOSED
 
 
+@dataclass(frozen=True)
+class Channels(Thinking):
+    """Harmony's channels (see the module doc): found by its analysis and final headers; a generation prompt
+    never opens or closes the thought, so the output may always open one (MAYBE)."""
+
+    def matches(self, source: str) -> bool:
+        return self.open in source and self.answer_open in source
+
+    def start(self, tail: str) -> Start:
+        return Start.MAYBE
+
+
 MARKERS: tuple[Thinking, ...] = (
+    Channels("harmony", "<|channel|>analysis<|message|>", "<|end|><|start|>assistant", "gpt-oss",
+             answer_open="<|channel|>final<|message|>", answer_close="<|end|>"),
     Thinking("seed-oss", "<seed:think>", "</seed:think>", "Seed-OSS"),
     Thinking("mistral-think", "[THINK]", "[/THINK]", "Ministral 3 Reasoning, Magistral"),
     Thinking("think", "<think>", "</think>",

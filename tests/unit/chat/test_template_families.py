@@ -77,7 +77,7 @@ EXPECTED = {
     "mistralai-Mistral-Nemo-Instruct-2407": "mistral-nemo",
     "moonshotai-Kimi-K2": "kimi-k2",
     "muse-glimmer": "generic",
-    "openai-gpt-oss-120b": "generic",
+    "openai-gpt-oss-120b": "gpt-oss",
     "openbmb-MiniCPM5-1B": "generic",
     "poolside-Laguna-S-2.1": "glm-4.7",
     "poolside-Laguna-XS-2.1": "glm-4.5",

@@ -1,0 +1,98 @@
+"""A tiny gpt-oss (harmony) GGUF served for real (its special tokens, the real template, seeded random weights: built
+here, never committed), through the OpenAI SDK: the family and its reasoning are detected and reported; a forced call,
+after a thought bounded by a thinking budget, comes back as exactly one valid call with the analysis channel as
+``reasoning_content``, streamed pieces concatenating to the unstreamed answer; and a round trip renders the call, the
+thought (the template's ``thinking``) and the result in the template's own harmony messages.
+
+``<|channel|>`` gets a logit bias so that the random model opens the analysis channel (the first token of the
+output: under a required call the only other start is the call itself): what the test proves is where the thought
+lands, not what a random model prefers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import pytest
+
+from service.chat.calls import ToolCall
+from service.chat.families import FAMILIES
+from tests.support.family_models import family_server, openai_client
+from tests.support.server import RunningServer, assert_kv_clean
+
+pytestmark = pytest.mark.model
+TEMPLATE = "openai-gpt-oss-120b"
+SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+            "<|constrain|>", "<|return|>", "<|call|>"]
+CHANNEL = SPECIALS.index("<|channel|>")  # its id: the control tokens come first in the tiny vocabulary
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                          "required": ["city"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "Weather in Oslo?"}]
+GPT_OSS = next(f for f in FAMILIES if f.name == "gpt-oss")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    path = tmp_path_factory.mktemp("harmony") / f"{TEMPLATE}.gguf"
+    with family_server(path, TEMPLATE, SPECIALS, "<|startoftext|>", "<|return|>", [], 7) as srv:
+        yield srv
+
+
+def forced(model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 96, "temperature": 0,
+            "messages": ASK, "logit_bias": {str(CHANNEL): 100}, "extra_body": {"thinking_budget_tokens": 6}, **extra}
+
+
+def test_the_family_and_its_reasoning_are_detected_and_reported(served: RunningServer) -> None:
+    client, model = openai_client(served)
+    fmt = (client.models.retrieve(model).model_extra or {})["chat_format"]
+    assert (fmt["family"], fmt["tools"], fmt["parallel_tool_calls"]) == ("gpt-oss", "template", False)
+    assert fmt["reasoning"]["markers"] == "harmony"
+
+
+def test_a_forced_call_after_the_analysis_thought_streamed_and_not(served: RunningServer) -> None:
+    client, model = openai_client(served)
+    whole = client.chat.completions.create(**forced(model))
+    msg = whole.choices[0].message
+    calls = msg.tool_calls or []
+    assert whole.choices[0].finish_reason == "tool_calls" and len(calls) == 1, whole
+    assert calls[0].function.name == "get_weather" and set(json.loads(calls[0].function.arguments)) == {"city"}
+    thought = (msg.model_extra or {}).get("reasoning_content")
+    assert thought and "<|" not in thought and not msg.content, msg
+    chunks = list(client.chat.completions.create(**forced(model), stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    pieces = [tc for d in deltas for tc in d.tool_calls or []]
+    assert pieces[0].id and pieces[0].function.name == "get_weather" and all(p.index == 0 for p in pieces)
+    assert "".join(p.function.arguments or "" for p in pieces) == calls[0].function.arguments
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == thought
+    assert not "".join(d.content or "" for d in deltas)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert_kv_clean(served)
+
+
+def test_a_text_answer_holds_no_channel_markers(served: RunningServer) -> None:
+    client, model = openai_client(served)
+    reply = client.chat.completions.create(model=model, messages=ASK, max_tokens=24, temperature=0,
+                                           logit_bias={str(CHANNEL): 100}, extra_body={"thinking_budget_tokens": 4})
+    msg = reply.choices[0].message
+    thought = (msg.model_extra or {}).get("reasoning_content") or ""
+    assert "<|" not in (msg.content or "") and "<|" not in thought, msg
+
+
+def test_a_round_trip_renders_the_call_the_thought_and_the_result_in_harmony(served: RunningServer) -> None:
+    client, model = openai_client(served)
+    first = client.chat.completions.create(**forced(model))
+    message = first.choices[0].message.model_dump(exclude_none=True)
+    call = (first.choices[0].message.tool_calls or [])[0]
+    history = [*ASK, message, {"role": "tool", "tool_call_id": call.id, "content": "RESULT 12 C"}]
+    with httpx2.Client(base_url=f"http://127.0.0.1:{served.server.http_port}", timeout=600) as http:
+        r = http.post("/v1/chat/completions/render", json={"model": model, "tools": [WEATHER], "messages": history})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    written = GPT_OSS.syntax.render([ToolCall(call.function.name, call.function.arguments)])
+    assert f"<|start|>assistant{written}<|start|>functions.get_weather to=assistant" in prompt
+    assert f"<|channel|>analysis<|message|>{message['reasoning_content']}<|end|>" in prompt
+    assert '"RESULT 12 C"' in prompt and "Current weather of a city" in prompt
