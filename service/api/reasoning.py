@@ -85,7 +85,7 @@ def _answer_grammar(constraint: tuple[str, str] | None) -> str | None:
         return source
     if kind == "json_schema":
         try:
-            return f"start: {json_rule(json.loads(source))}\n"
+            return f"start: {json_rule(json.loads(source), compact=True)}\n"
         except (ValueError, RecursionError, TypeError):
             return None
     raise BadRequest(f"a {kind} response_format cannot follow a reasoning model's thought: use json_schema or "
