@@ -3,7 +3,8 @@
 template, seeded random weights), served with the response cache on and called through the generated stubs. The
 thought is forced to run to the budget (the end marker's logit lowered; a template that leaves the opening to the
 model has ``<think>`` raised). ``GenerateJSON`` returns the document alone in ``json`` and the thought in
-``reasoning``, closed at exactly the budget; a cache hit replays both; ``Generate`` with tools and a budget returns
+``reasoning``, closed at exactly the budget; a cache hit replays both; ``Generate`` with tools (forced, or ``auto``:
+its lazy call grammar after the thought) and a budget returns
 calls that validate, read from the answer after the thought; the CLI's ``json`` prints the thought on stderr."""
 
 from __future__ import annotations
@@ -116,6 +117,21 @@ def test_generate_with_tools_and_a_budget_returns_valid_calls_read_after_the_tho
     assert "get_weather" not in "".join(d.text for d in deltas)  # the call syntax is held back
     assert done.usage.reasoning_tokens == thought_tokens(name)
     assert_kv_clean(srv)
+
+
+def test_generate_with_auto_tools_and_a_budget_compiles_the_lazy_call_grammar_after_the_thought(
+        served: Served) -> None:
+    """``auto``: free text after the thought until the family's trigger, then calls; whatever the random weights
+    answer, the thought is closed at the budget and apart, and any call validates."""
+    name, _srv, stub = served
+    events = generate(stub, messages=ASK, tools=TOOLS, sampling=sampling(name, max_tokens=64))
+    assert [e.WhichOneof("event") for e in events][-1] == "done", events[-1]
+    done = events[-1].done
+    assert done.usage.reasoning_tokens == thought_tokens(name)
+    thought = "".join(e.delta.reasoning for e in events if e.HasField("delta"))
+    assert thought and "</think>" not in thought
+    for call in done.tool_calls:
+        jsonschema.validate(json.loads(call.arguments), WEATHER)
 
 
 def test_generate_with_tools_and_a_budget_of_zero_calls_without_a_thought(served: Served) -> None:
