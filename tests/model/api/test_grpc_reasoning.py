@@ -4,8 +4,8 @@ template, seeded random weights), served with the response cache on and called t
 thought is forced to run to the budget (the end marker's logit lowered; a template that leaves the opening to the
 model has ``<think>`` raised). ``GenerateJSON`` returns the document alone in ``json`` and the thought in
 ``reasoning``, closed at exactly the budget; a cache hit replays both; ``Generate`` with tools (forced, or ``auto``:
-its lazy call grammar after the thought) and a budget returns
-calls that validate, read from the answer after the thought; the CLI's ``json`` prints the thought on stderr."""
+its lazy call grammar after the thought) and a budget returns calls that validate, read from the answer after the
+thought; the CLI's ``json`` prints the thought on stderr."""
 
 from __future__ import annotations
 
