@@ -26,6 +26,7 @@ from service.api.json_layout import pretty_json
 from service.api.model_rpcs import ModelApi, model_api_for
 from service.api.proto_convert import done_proto, logprob_proto, status_details
 from service.api.readiness import Need, rpc_deadline, unavailable_metadata
+from service.api.reasoning import split_deltas
 from service.api.stream_backlog import ACKS_METADATA_KEY, acknowledges
 from service.observability.metrics_view import metrics_response
 from service.request.errors import BadRequest
@@ -72,28 +73,32 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GenerateJSON(
         self, request: pb.GenerateJSONRequest, context: grpc.aio.ServicerContext
     ) -> pb.GenerateJSONResponse:
-        ask = Ask.generate_json(request, f"json-{uuid.uuid4().hex}", rpc_deadline(context))
+        ask = Ask.generate_json(request, f"json-{uuid.uuid4().hex}", rpc_deadline(context), reasons=True)
         events = await self.intake.collect(ask)
         last = events[-1]
         if isinstance(last, Error):
             await _abort(context, last)
         assert isinstance(last, Done)
-        response = await self._document(request, events, last, context)
+        response = await self._document(request, ask, events, last, context)
         if request.pretty:
             response.json = pretty_json(response.json)
         return response
 
     async def _document(
-        self, request: pb.GenerateJSONRequest, events: list[Event], last: Done, context: grpc.aio.ServicerContext
+        self, request: pb.GenerateJSONRequest, ask: Ask, events: list[Event], last: Done,
+        context: grpc.aio.ServicerContext,
     ) -> pb.GenerateJSONResponse:
-        """The finished document, validated again (a cache hit too); aborts for a cut-off or cancelled one."""
-        text = "".join(e.text for e in events if isinstance(e, Delta))
+        """The finished document, validated again (a cache hit too); aborts for a cut-off or cancelled one. A
+        reasoning model's thought is read apart (``service.api.reasoning``): ``json`` is the document alone."""
+        deltas = [e for e in events if isinstance(e, Delta)]
+        thought, text, thought_tokens = split_deltas(ask.thought, deltas)
         if last.finish_reason is FinishReason.LENGTH:
             finish = request.sampling.json_finish
             closing = finish == pb.JSON_FINISH_CLOSE_WITHIN_BUDGET or (
                 finish == pb.JSON_FINISH_UNSPECIFIED and self.intake.builder.json.close_within_budget
             )
-            hint = "" if closing else " or set json_finish CLOSE_WITHIN_BUDGET"
+            # NOTE: a document after a thought is never closed within the budget: no hint of json_finish there
+            hint = "" if closing or ask.after_thought else " or set json_finish CLOSE_WITHIN_BUDGET"
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"JSON document cut off at max_tokens={last.completion_tokens}; raise max_tokens{hint}",
@@ -106,10 +111,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         except BadRequest as exc:  # a document that breaks what the grammar could not enforce
             await _abort(context, Error(exc.status, str(exc), exc.reason))
         d = done_proto(last)
-        logprobs = [logprob_proto(e) for ev in events if isinstance(ev, Delta) for e in ev.logprobs]
+        d.usage.reasoning_tokens = thought_tokens
+        logprobs = [logprob_proto(e) for ev in deltas for e in ev.logprobs]
         return pb.GenerateJSONResponse(
             json=text, usage=d.usage, timing=d.timing, finish_reason=d.finish_reason, logprobs=logprobs,
-            cache_hit=last.cache_hit, semantic_cache_hit=last.semantic_cache_hit,
+            cache_hit=last.cache_hit, semantic_cache_hit=last.semantic_cache_hit, reasoning=thought,
         )
 
     # -- GetMetrics ------------------------------------------------------------------------------

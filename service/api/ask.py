@@ -16,6 +16,7 @@ from inference.v1 import inference_pb2 as pb
 
 from service.api.call_plan import CallAsk
 from service.api.proto_convert import response_format
+from service.api.reasoning import ThoughtAsk
 
 
 @dataclass(frozen=True)
@@ -50,32 +51,51 @@ class Ask:
     tools: Sequence[pb.Tool] = ()  # functions the chat template is given (GenerateRequest.tools)
     template_kwargs: str = ""  # further chat template variables, a JSON object (GenerateRequest.chat_template_kwargs)
     calls: CallAsk | None = None  # the tool choice; planned in preparation, read back by the gRPC front end
+    # NOTE: a reasoning model's chat set up in preparation (gRPC): its thought plan, read back by the front end;
+    # None: set up by the front end itself (the HTTP dialects) or not at all
+    thought: ThoughtAsk | None = None
 
     @property
     def constraint(self) -> tuple[str, str] | None:
-        """The output's constraint once prepared: ``fmt``, or the grammar of the planned tool calls."""
+        """The output's constraint once prepared: the thought's grammar then the answer's, or the answer's."""
+        if self.thought is not None and self.after_thought:
+            return "lark", self.thought.lark
+        return self.answer_constraint
+
+    @property
+    def after_thought(self) -> bool:
+        """Once prepared: the answer's constraint follows a thought in the output's grammar."""
+        return self.thought is not None and bool(self.thought.lark)
+
+    @property
+    def answer_constraint(self) -> tuple[str, str] | None:
+        """The answer's constraint once prepared: ``fmt``, or the grammar of the planned tool calls."""
         if self.fmt is None and self.calls is not None and self.calls.lark:
             return "lark", self.calls.lark
         return self.fmt
 
     @classmethod
-    def generate(cls, req: pb.GenerateRequest, deadline: float | None, prompt_ids: tuple[int, ...] = ()) -> Ask:
-        """A ``GenerateRequest`` (gRPC, or built by the HTTP API; ``prompt_ids``: a completions token-id prompt)."""
+    def generate(cls, req: pb.GenerateRequest, deadline: float | None, prompt_ids: tuple[int, ...] = (),
+                 reasons: bool = False) -> Ask:
+        """A ``GenerateRequest`` (gRPC, or built by the HTTP API; ``prompt_ids``: a completions token-id prompt;
+        ``reasons``: a reasoning model's chat is set up in preparation, ``service.api.reasoning.ThoughtAsk``)."""
         fmt = response_format(req.response_format) if req.HasField("response_format") else None
         tools = () if req.tool_choice == pb.TOOL_CHOICE_NONE else req.tools  # NOTE: "none" leaves them out
         return cls(
             req.request_id, req.prompt, req.messages, req.sampling, req.priority, fmt, deadline,
             cache=_cache_ask(req), prompt_ids=prompt_ids, tools=tools, template_kwargs=req.chat_template_kwargs,
-            calls=CallAsk.of(req),
+            calls=CallAsk.of(req), thought=ThoughtAsk() if reasons else None,
         )
 
     @classmethod
-    def generate_json(cls, req: pb.GenerateJSONRequest, request_id: str, deadline: float | None) -> Ask:
-        """A ``GenerateJSONRequest``: its schema is the constraint (an empty one is refused in preparation)."""
+    def generate_json(cls, req: pb.GenerateJSONRequest, request_id: str, deadline: float | None,
+                      reasons: bool = False) -> Ask:
+        """A ``GenerateJSONRequest``: its schema is the constraint (an empty one is refused in preparation);
+        ``reasons`` as for ``generate`` (the thought, then the document under the schema)."""
         return cls(
             request_id, req.prompt, req.messages, req.sampling, req.priority,
             ("json_schema", req.json_schema), deadline, json_mode=True, raw_prompt=req.raw_prompt,
-            cache=_cache_ask(req),
+            cache=_cache_ask(req), thought=ThoughtAsk() if reasons else None,
         )
 
 

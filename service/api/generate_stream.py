@@ -35,11 +35,10 @@ from service.api.call_events import CallEvents
 from service.api.flight import Flight, Sink
 from service.api.intake import Intake
 from service.api.proto_convert import error_proto, event_proto
-from service.api.reasoning import ThoughtEvents, ThoughtPlan, plan
+from service.api.reasoning import ThoughtAsk, ThoughtEvents
 from service.api.request_builder import MAX_REQUEST_ID_BYTES
 from service.api.stream_backlog import Backlog, StreamLimits
 from service.api.tolerant_decoding import MALFORMED
-from service.request.errors import BadRequest
 from service.request.events import Error, Event
 
 log = logging.getLogger("service.rpc")
@@ -96,20 +95,16 @@ class GenerateStream:
             self._put_error(rid, "INVALID_ARGUMENT", f"duplicate request_id {rid!r}: a request with it is in flight")
         else:
             self.finished.pop(rid, None)
-            try:  # a reasoning model's chat: its thought apart (service.api.reasoning)
-                thought = plan(req, self.intake.builder.reasoning, self.intake.builder.template.thought_start)
-            except BadRequest as exc:
-                self._put_error(rid, "INVALID_ARGUMENT", str(exc))
-                return
-            # NOTE: in the order sent: a request is admitted after the stream's previous one
-            ask = Ask.generate(req, self.deadline)
+            # NOTE: a reasoning model's chat is set up in preparation, its thought read apart here
+            # (service.api.reasoning); in the order sent: a request is admitted after the stream's previous one
+            ask = Ask.generate(req, self.deadline, reasons=True)
             calls = CallEvents(ask.calls) if ask.calls is not None else None
-            self.last = self.intake.start(ask, self._sink(rid, calls, thought), self.last)
+            self.last = self.intake.start(ask, self._sink(rid, calls, ask.thought), self.last)
             self.active[rid] = self.last
             if self.backlog.paused:
                 self.active[rid].pause(True)
 
-    def _sink(self, rid: str, calls: CallEvents | None, thought: ThoughtPlan | None) -> Sink:
+    def _sink(self, rid: str, calls: CallEvents | None, thought: ThoughtAsk | None) -> Sink:
         split = ThoughtEvents(thought) if thought is not None else None
 
         def sink(event: Event, terminal: bool) -> None:

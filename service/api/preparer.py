@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inference.v1 import inference_pb2 as pb
 
@@ -82,12 +82,15 @@ class Preparer:
             if prompt and not messages and not ask.raw_prompt and self.builder.template.from_model:
                 prompt, messages = "", [pb.ChatMessage(role="user", content=prompt)]
         priority = self.builder.priority(ask.priority)
+        kwargs = self._thought(ask, bool(messages))
         if ask.prompt_ids:
             ids = self._given_ids(ask)
         else:
-            ids = self.builder.prompt_ids(prompt, messages, ask.tools, ask.template_kwargs)
+            ids = self.builder.prompt_ids(prompt, messages, ask.tools, kwargs)
         if ask.calls is not None:  # the grammar of the model's call syntax (service.api.call_plan)
             ask.calls.prepare(ask.tools, self.builder.tool_format, self.builder.limits.inputs)
+        if ask.thought is not None:  # the thought, then the answer's grammar (the calls' or the format's)
+            ask.thought.compose(ask.answer_constraint, framed=ask.fmt is None and bool(ask.tools))
         json_output = ask.json_mode or (ask.fmt is not None and ask.fmt[0] == "json_schema")
         params = self.builder.sampling(ask.sampling, len(ids), json_mode=ask.json_mode, json_output=json_output)
         if params.stop and json_output:
@@ -95,11 +98,23 @@ class Preparer:
                 "stop strings cannot be combined with a JSON Schema: a document cut at a stop string "
                 "would not be valid JSON (the grammar ends the document itself)"
             )
-        if ask.json_mode and ask.sampling.HasField("thinking_budget_tokens"):
-            raise BadRequest("thinking_budget_tokens needs Generate: GenerateJSON does not separate a thought")
         if ask.json_mode and (params.n != 1 or params.echo_prompt_logprobs):
             raise BadRequest("GenerateJSON returns one document: n and echo_prompt_logprobs need Generate")
+        if ask.after_thought:
+            # NOTE: a JSON Schema after a thought is a %json item of the output's grammar: not closed within the
+            # budget, and the thought is no document to keep from repeating (service.api.reasoning)
+            params = replace(params, json_finish=False, json_repeat_penalty=0.0)
         return Plan(tuple(ids), params, priority)
+
+    def _thought(self, ask: Ask, chat: bool) -> str:
+        """The template variables to render with: a reasoning model's chat set up in preparation has its thought
+        planned first (``ask.thought``: ``enable_thinking`` from its budget, see ``service.api.reasoning``)."""
+        if ask.thought is None:
+            return ask.template_kwargs
+        sp = ask.sampling
+        budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
+        b = self.builder
+        return ask.thought.setup(ask.template_kwargs, budget, chat, b.reasoning, b.template.thought_start)
 
     def _given_ids(self, ask: Ask) -> list[int]:
         """A prompt of the caller's token ids, checked: in the vocabulary, and room left in the context."""
@@ -124,7 +139,8 @@ class Preparer:
         # NOTE: with tools the text shows the family's markers (control tokens render as nothing otherwise), so
         # that the calls can be read from it (service.chat.markup)
         # and, for a reasoning model's chat, its thought markers (service.chat.thought reads them)
-        chat_reasons = bool(ask.messages) and self.builder.reasoning is not None
+        thinks = ask.thought is not None and ask.thought.plan is not None  # GenerateJSON's prompt too
+        chat_reasons = (bool(ask.messages) or thinks) and self.builder.reasoning is not None
         shown = self.builder.shown_bytes if ask.tools or chat_reasons else self.builder.vocab.token_bytes
         seq.text = TextStream(shown, plan.params.stop)
         if (fmt := ask.constraint) is not None:

@@ -2,7 +2,7 @@
 of thought + answer, and (gRPC) its events with the thought apart.
 
 For a model whose template reasons in markers (``service.chat.thinking``)
-``plan`` decides, from the request's template variables (``enable_thinking``,
+``setup`` decides, from the request's template variables (``enable_thinking``,
 ``reasoning_effort``, ...), where the output starts
 (``ChatTemplate.thought_start``) and how it is constrained:
 
@@ -20,27 +20,36 @@ For a model whose template reasons in markers (``service.chat.thinking``)
   (``json_finish``) there: it is generated under the schema and validated at the
   end as any other. A regex or GBNF constraint after a thought is refused.
 
-The HTTP dialects read each choice's output through ``ThoughtPlan.reader``
-(``service.http.answer``); a gRPC ``Generate`` stream through ``ThoughtEvents``
-(``Delta.reasoning``, ``Usage.reasoning_tokens``). Runs on the event loop for
-gRPC: its cost is bounded (the variables are at most ``MAX_KWARGS_BYTES``; the
-probe render is cached per set of variables).
+Two ways in: ``plan`` sets up a ``GenerateRequest`` whose constraint is all in
+its ``response_format`` (the HTTP dialects, which write their tools' grammar
+there first); a gRPC request is set up in the prepare stage's worker thread
+(``ThoughtAsk``: ``setup`` before the render, ``compose`` once its tools'
+grammar is planned: lazily triggered for ``auto``, after the thought), so
+nothing whose cost grows with the input (a JSON Schema's parse, a probe render)
+runs on the event loop. The HTTP dialects read each choice's output through
+``ThoughtPlan.reader`` (``service.http.answer``); a gRPC ``Generate`` stream
+through ``ThoughtEvents`` (``Delta.reasoning``, ``Usage.reasoning_tokens``; the
+tools' calls are then read from the answer alone), ``GenerateJSON`` through
+``split_deltas`` (``GenerateJSONResponse.reasoning``, the document alone in
+``json``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inference.v1 import inference_pb2 as pb
 
 from service.api.chat_input import MAX_KWARGS_BYTES
+from service.api.proto_convert import response_format
 from service.chat.syntax import json_rule
 from service.chat.thinking import Start
 from service.chat.thought import Reasoning, ThoughtReader
 from service.request.errors import BadRequest
+from service.request.events import Delta
 
 StartOf = Callable[[Mapping[str, Any]], "Start | None"]
 
@@ -51,6 +60,7 @@ class ThoughtPlan:
 
     reasoning: Reasoning
     start: Start
+    budget: int | None = None  # the thought's tokens at most (None: no bound)
 
     def reader(self) -> ThoughtReader:
         return self.reasoning.reader(self.start)
@@ -65,26 +75,43 @@ class ThoughtPlan:
         return ids.index(close) + 1
 
 
-def _answer_grammar(fmt: pb.ResponseFormat) -> str | None:
-    """The request's own constraint as the Lark grammar of the answer (None: free text)."""
-    kind = fmt.WhichOneof("format")
-    if kind is None:
+def _answer_grammar(constraint: tuple[str, str] | None) -> str | None:
+    """The Lark grammar of the answer under ``constraint`` ((kind, source) as ``Ask.fmt``; None: free text), None
+    also for a JSON Schema that is not one; raises BadRequest for a constraint that cannot follow a thought."""
+    if constraint is None:
         return None
-    if kind == "lark_grammar":
-        return fmt.lark_grammar
+    kind, source = constraint
+    if kind == "lark":
+        return source
     if kind == "json_schema":
         try:
-            return f"start: {json_rule(json.loads(fmt.json_schema))}\n"
+            return f"start: {json_rule(json.loads(source), compact=True)}\n"
         except (ValueError, RecursionError, TypeError):
-            return None  # NOTE: not a schema: preparation refuses it with its own message
+            return None
     raise BadRequest(f"a {kind} response_format cannot follow a reasoning model's thought: use json_schema or "
                      "lark_grammar")
+
+
+def output_grammar(thought: ThoughtPlan, constraint: tuple[str, str] | None, framed: bool = False) -> str | None:
+    """The Lark grammar of the whole output: the thought (at most its budget), then the answer under
+    ``constraint`` (see ``_answer_grammar``; ``framed``: it is the tools' call syntax, which writes its own message
+    headers: harmony's); None when ``constraint`` alone is the output's (the output starts in
+    the answer, or neither a budget nor a constraint needs a grammar). Raises BadRequest.
+
+    NOTE: a JSON Schema that does not parse keeps its own constraint, so that its compile refuses it with its own
+    message rather than a thought followed by free text hiding it."""
+    answer = _answer_grammar(constraint)
+    if thought.start is Start.CLOSED or (constraint is not None and answer is None):
+        return None
+    if answer is None and thought.budget is None:
+        return None
+    return thought.reasoning.grammar(thought.start, thought.budget, answer, framed=framed)
 
 
 def _variables(kwargs: str) -> dict[str, Any] | None:
     """The request's template variables; None when they are not a JSON object or are over the size limit
     (preparation refuses them with its own message, so they are left as they are)."""
-    if len(kwargs) > MAX_KWARGS_BYTES:  # NOTE: on the event loop: the size first (characters <= bytes)
+    if len(kwargs) > MAX_KWARGS_BYTES:  # NOTE: the size first (characters <= bytes)
         return None
     try:
         value = json.loads(kwargs) if kwargs else {}
@@ -93,17 +120,16 @@ def _variables(kwargs: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf) -> ThoughtPlan | None:
-    """Set up ``request`` for a reasoning model (see the module doc; changes its variables, its budget's
-    effect and its response format); the plan its answer is read by, None when the model does not reason or
-    the request has no messages. Raises BadRequest."""
-    sp = request.sampling
-    budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
-    if budget is not None and not request.messages:
+def setup(kwargs: str, budget: int | None, chat: bool, reasoning: Reasoning | None,
+          start_of: StartOf) -> tuple[ThoughtPlan | None, str]:
+    """The thought plan of a request with template variables ``kwargs`` (JSON text), thinking budget ``budget``
+    and a chat (``chat``) or a raw prompt, and the variables to render it with (``enable_thinking`` set, see the
+    module doc); the plan is None when the model does not reason or the request is no chat. Raises BadRequest."""
+    if budget is not None and not chat:
         raise BadRequest("thinking_budget_tokens needs chat messages (a raw prompt is text to continue)")
-    if reasoning is None or not request.messages:
-        return None  # NOTE: a model that does not reason in markers: a budget has nothing to bound
-    given = _variables(request.chat_template_kwargs)
+    if reasoning is None or not chat:
+        return None, kwargs  # NOTE: a model that does not reason in markers: a budget has nothing to bound
+    given = _variables(kwargs)
     variables = given if given is not None else {}
     effort = variables.get("reasoning_effort")
     if effort == "none" and budget is None:
@@ -112,53 +138,120 @@ def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: Sta
         # NOTE: a budget or an effort asks for a thought, "none" or a budget of 0 for none: for templates that
         # know only enable_thinking (DeepSeek R1's, Qwen3's)
         variables["enable_thinking"] = budget != 0
-        request.chat_template_kwargs = json.dumps(variables, ensure_ascii=False)
+        kwargs = json.dumps(variables, ensure_ascii=False)
     start = start_of(variables)
     if start is None:
-        return None
+        return None, kwargs
     if budget == 0 and start is Start.MAYBE:
         start = Start.CLOSED  # NOTE: the answer's grammar alone: the output may not open a thought
-    answer = _answer_grammar(request.response_format)
-    if start is not Start.CLOSED and (answer is not None or budget is not None):
-        if request.tools and not request.HasField("response_format"):
-            # NOTE: gRPC plans its tools' grammar later, in preparation; a budget's grammar here would stand in
-            # for it and the calls would come back unread: refused rather than silently degraded
-            raise BadRequest("thinking_budget_tokens with tools is not supported on gRPC yet: leave the budget "
-                             "unset (the template's own thinking applies) or send no tools")
-        # NOTE: framed: the tools' call syntax writes its own message headers (harmony's)
-        grammar = reasoning.grammar(start, budget, answer, framed=bool(request.tools))
-        request.response_format.CopyFrom(pb.ResponseFormat(lark_grammar=grammar))
+    return ThoughtPlan(reasoning, start, budget), kwargs
+
+
+def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf) -> ThoughtPlan | None:
+    """Set up ``request``, whose constraint is all in its ``response_format`` (the HTTP dialects put their tools'
+    grammar there), for a reasoning model (see the module doc; changes its variables, its budget's effect and its
+    response format); the plan its answer is read by, None when the model does not reason or the request has no
+    messages. Raises BadRequest. A request whose tools' grammar is planned in preparation (gRPC) is set up there
+    instead (``ThoughtAsk``)."""
+    sp = request.sampling
+    budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
+    thought, request.chat_template_kwargs = setup(request.chat_template_kwargs, budget, bool(request.messages),
+                                                  reasoning, start_of)
+    if thought is None:
+        return None
+    constraint = response_format(request.response_format)
+    if request.tools and constraint is None and thought.budget is not None and thought.start is not Start.CLOSED:
+        # NOTE: the tools' grammar is not in the request: a thought's grammar here would stand in for it and the
+        # calls would come back unread; refused rather than silently degraded
+        raise BadRequest("thinking_budget_tokens with tools needs the tools' grammar as the response_format, or "
+                         "the request set up in preparation (Ask.generate(..., reasons=True))")
+    lark = output_grammar(thought, constraint, framed=bool(request.tools))
+    if lark is not None:
+        request.response_format.CopyFrom(pb.ResponseFormat(lark_grammar=lark))
         sp.ClearField("json_finish")
         sp.ClearField("json_repeat_penalty")
-    return ThoughtPlan(reasoning, start)
+    return thought
+
+
+@dataclass(eq=False)
+class ThoughtAsk:
+    """A request whose reasoning is set up in the prepare stage (gRPC ``Generate`` and ``GenerateJSON``): there,
+    ``setup`` gives its plan and the variables it is rendered with, ``compose`` the grammar of its whole output
+    once its own constraint or its tools' grammar is known. NOTE: written once by the prepare stage's worker thread,
+    which the event loop awaits before any event of the request exists; the front end reads it from its events."""
+
+    plan: ThoughtPlan | None = None
+    lark: str = ""  # the whole output's grammar ("": the request's own constraint stands)
+
+    def setup(self, kwargs: str, budget: int | None, chat: bool, reasoning: Reasoning | None,
+              start_of: StartOf) -> str:
+        """Worker thread: ``setup`` into ``plan``; the variables to render the request with."""
+        self.plan, kwargs = setup(kwargs, budget, chat, reasoning, start_of)
+        return kwargs
+
+    def compose(self, constraint: tuple[str, str] | None, framed: bool = False) -> None:
+        """Worker thread: the whole output's grammar, its answer under ``constraint`` (``framed``: the tools' call
+        syntax, see ``output_grammar``); raises BadRequest."""
+        if self.plan is not None:
+            self.lark = output_grammar(self.plan, constraint, framed) or ""
+
+
+@dataclass
+class ThoughtSplit:
+    """One choice's output read as thought and answer as it comes, and the thought's tokens counted."""
+
+    plan: ThoughtPlan
+    reader: ThoughtReader = field(init=False)
+    tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.reader = self.plan.reader()
+
+    def feed(self, text: str, ids: Sequence[int]) -> tuple[str, str]:
+        """(new thought text, new answer text) of the next piece, whose token ids are ``ids``."""
+        thinking = self.reader.thinking_now
+        thought, answer = self.reader.feed(text)
+        if thinking or thought:
+            self.tokens += self.plan.thought_tokens(list(ids), self.reader.thinking_now)
+        return thought, answer
+
+    def close(self) -> tuple[str, str]:
+        """The last (thought, answer) at the output's end."""
+        return self.reader.close()
+
+
+def split_deltas(ask: ThoughtAsk | None, deltas: Sequence[Delta]) -> tuple[str, str, int]:
+    """(thought, answer, the thought's tokens) of one choice's deltas (``GenerateJSON``); without a thought plan
+    the answer is the whole text."""
+    if ask is None or ask.plan is None:
+        return "", "".join(d.text for d in deltas), 0
+    split = ThoughtSplit(ask.plan)
+    pieces = [*(split.feed(d.text, d.token_ids) for d in deltas), split.close()]
+    return "".join(p[0] for p in pieces), "".join(p[1] for p in pieces), split.tokens
 
 
 @dataclass
 class ThoughtEvents:
     """A gRPC request's events with each choice's thought apart: ``Delta.text`` the answer, ``Delta.reasoning``
     the thought, ``Usage.reasoning_tokens`` its tokens; text held at a choice's end is sent in one last delta
-    before its ``done``."""
+    before its ``done``. Events pass as they are when the request has no thought plan."""
 
-    plan: ThoughtPlan
-    readers: dict[int, ThoughtReader] = field(default_factory=dict)
-    tokens: dict[int, int] = field(default_factory=dict)
+    ask: ThoughtAsk
+    splits: dict[int, ThoughtSplit] = field(default_factory=dict)
 
     def events(self, msg: pb.GenerateResponse) -> list[pb.GenerateResponse]:
-        kind = msg.WhichOneof("event")
+        kind, plan = msg.WhichOneof("event"), self.ask.plan
+        if plan is None or kind not in ("delta", "done"):
+            return [msg]
+        i = msg.delta.choice_index if kind == "delta" else msg.done.choice_index
+        if i not in self.splits:
+            self.splits[i] = ThoughtSplit(plan)
+        split = self.splits[i]
         if kind == "delta":
-            d = msg.delta
-            reader = self.readers.setdefault(d.choice_index, self.plan.reader())
-            thinking = reader.thinking_now
-            d.reasoning, d.text = reader.feed(d.text)
-            if thinking or d.reasoning:
-                self.tokens[d.choice_index] = self.tokens.get(d.choice_index, 0) + \
-                    self.plan.thought_tokens(list(d.token_ids), reader.thinking_now)
+            msg.delta.reasoning, msg.delta.text = split.feed(msg.delta.text, msg.delta.token_ids)
             return [msg]
-        if kind != "done":
-            return [msg]
-        i = msg.done.choice_index
-        msg.done.usage.reasoning_tokens = self.tokens.get(i, 0)
-        thought, text = self.readers.setdefault(i, self.plan.reader()).close()
+        msg.done.usage.reasoning_tokens = split.tokens
+        thought, text = split.close()
         if not thought and not text:
             return [msg]
         last = pb.GenerateResponse(request_id=msg.request_id,

@@ -34,6 +34,7 @@ from service.chat.calls import CallSyntaxError, Function, ToolCall
 from service.chat.markup import Markup, literal
 from service.chat.reader import Reader, Stream, Wait
 from service.grammar.schema import loosen
+from service.json_grammar import JSON_OPTIONS
 
 Esc = Callable[[str], str]
 # NOTE: the layout tojson gives (Python's json.dumps defaults): what the models saw for earlier calls.
@@ -56,14 +57,17 @@ def regex_text(text: str) -> str:
     return "".join(out)
 
 
-def json_rule(schema: Mapping[str, Any]) -> str:
-    """A ``%json`` item of ``schema`` in the templates' layout (a caller's ``x-guidance`` is replaced).
+def json_rule(schema: Mapping[str, Any], compact: bool = False) -> str:
+    """A ``%json`` item of ``schema`` in the templates' layout, or (``compact``) the layout of every JSON
+    output (``json_grammar.JSON_OPTIONS``: a document after a reasoning model's thought); a caller's
+    ``x-guidance`` is replaced.
 
     NOTE: loosened (``service.grammar.schema.loosen``: keywords llguidance does not compile that only
     restrict are left out, ``oneOf`` is taken as ``anyOf``): every call is validated against its function's
-    own schema once it is complete (``service.http.tools.CallReader``).
+    own schema once it is complete (``service.http.tools.CallReader``), a document against its schema.
     """
-    return "%json " + json.dumps({**loosen(dict(schema)), "x-guidance": X_GUIDANCE}, ensure_ascii=False)
+    layout = {**JSON_OPTIONS, "coerce_one_of": True} if compact else X_GUIDANCE
+    return "%json " + json.dumps({**loosen(dict(schema)), "x-guidance": layout}, ensure_ascii=False)
 
 
 def deep(value: Any, esc: Esc) -> Any:

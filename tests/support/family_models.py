@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -17,11 +18,12 @@ from tests.support.tiny_vocab import Family, build
 
 @contextmanager
 def family_server(path: Path, template: str, control: list[str], bos: str, eos: str, user: list[str],
-                  weights: int) -> Iterator[RunningServer]:
+                  weights: int, **overrides: Any) -> Iterator[RunningServer]:
     """A server of a tiny model written to ``path`` with ``template``'s chat template and these tokens (the
-    user-defined ones follow the control ones in the vocabulary: ``tiny_vocab.build``)."""
+    user-defined ones follow the control ones in the vocabulary: ``tiny_vocab.build``); ``overrides``: further
+    server settings (``start_server``'s)."""
     build(path, family=Family(f"{template}-tiny", control, bos, eos, chat_template(template), user), weights=weights)
-    srv = start_server(model=str(path), http_port=free_port(), ctx=16384)
+    srv = start_server(model=str(path), http_port=free_port(), ctx=16384, **overrides)
     try:
         yield srv
     finally:

@@ -120,7 +120,8 @@ class AsyncInferenceClient:
         timeout: float | None = None,
         **options: Unpack[SamplingOptions],
     ) -> pb.GenerateJSONResponse:
-        """Call GenerateJSON; return the raw response (document text, usage, timing)."""
+        """Call GenerateJSON; return the raw response (document text, usage, timing; a reasoning model's
+        thought in ``reasoning``, its tokens in ``usage.reasoning_tokens``)."""
         request = json_request(schema, RequestSpec(prompt=prompt, messages=messages, **options))
         return await acall_with_retry(
             lambda t: self._stub.GenerateJSON(request, timeout=t, metadata=self.metadata),

@@ -4,7 +4,7 @@ Commands::
 
     inference-client generate PROMPT [sampling options] [--chat] [--priority batch] [--thinking-budget N]
                               [--tools FILE [--tool-choice CHOICE] [--no-parallel-tool-calls]]
-    inference-client json --schema FILE PROMPT [--close | --cut-off] [--raw] [--repeat-penalty X]
+    inference-client json --schema FILE PROMPT [--close | --cut-off] [--raw] [--repeat-penalty X] [--thinking-budget N]
     inference-client metrics [--json]
     inference-client health [--service NAME]
     inference-client tokenize TEXT [--chat] [--ids|--json]   (and detokenize, count, info: cli_model.py)
@@ -71,6 +71,8 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, help="OpenAI frequency penalty, -2..2")
     p.add_argument("--presence-penalty", type=float, help="OpenAI presence penalty, -2..2")
     p.add_argument("--repetition-penalty", type=float, help="llama.cpp repeat penalty over the last 64 tokens")
+    p.add_argument("--thinking-budget", type=int, metavar="N", dest="thinking_budget_tokens",
+                   help="a reasoning model's chat: at most N tokens of thought (0 = off); the thought goes to stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,8 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="stream a generation to stdout")
     _add_sampling(gen)
-    gen.add_argument("--thinking-budget", type=int, metavar="N",
-                     help="a reasoning model's chat: at most N tokens of thought (0 = off); the thought goes to stderr")
     fmt = gen.add_mutually_exclusive_group()
     fmt.add_argument("--json-schema", metavar="FILE", help="constrain the output to this JSON Schema")
     fmt.add_argument("--regex", help="constrain the output to this regular expression")
@@ -140,6 +140,7 @@ def _sampling(args: argparse.Namespace) -> dict[str, Any]:
         "frequency_penalty",
         "presence_penalty",
         "repetition_penalty",
+        "thinking_budget_tokens",
     )
     options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     for flag in ("logprobs", "echo_prompt_logprobs"):
@@ -182,8 +183,6 @@ def cmd_generate(client: InferenceClient, args: argparse.Namespace) -> int:
     if args.n is not None:
         options["n"] = args.n
     options.update(tool_input(args))
-    if args.thinking_budget is not None:
-        options["thinking_budget_tokens"] = args.thinking_budget
     if (args.n or 1) > 1 or args.logprobs or args.echo_prompt_logprobs:
         with client.generate(**prompt_input(args), **options) as generation:
             result = generation.result()
@@ -218,13 +217,15 @@ def cmd_json(client: InferenceClient, args: argparse.Namespace) -> int:
     if args.repeat_penalty is not None:
         options["json_repeat_penalty"] = args.repeat_penalty
     resp = client.generate_json_response(_read_schema(args.schema), **prompt_input(args), **options)
+    if resp.reasoning:  # NOTE: a reasoning model's thought: stderr, so stdout is the document alone
+        print(resp.reasoning, file=sys.stderr)
     doc = json.loads(resp.json)
     print(json.dumps(doc, separators=(",", ":")) if args.compact else json.dumps(doc, indent=2))
-    t = resp.timing
+    t, u = resp.timing, resp.usage
     closed = " closed-early" if resp.finish_reason == pb.FINISH_REASON_CLOSED else ""
     print(
-        f"[prompt={resp.usage.prompt_tokens} completion={resp.usage.completion_tokens}{closed} "
-        f"ttft={t.ttft_ms:.1f}ms total={t.total_ms:.1f}ms]",
+        f"[prompt={u.prompt_tokens} completion={u.completion_tokens}{closed} "
+        f"ttft={t.ttft_ms:.1f}ms total={t.total_ms:.1f}ms{f' reasoning={u.reasoning_tokens}' if u.reasoning_tokens else ''}]",
         file=sys.stderr,
     )
     return 0

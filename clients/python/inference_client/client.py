@@ -183,7 +183,8 @@ class InferenceClient:
         timeout: float | None = None,
         **options: Unpack[SamplingOptions],
     ) -> pb.GenerateJSONResponse:
-        """Call GenerateJSON; return the raw response (document text, usage, timing)."""
+        """Call GenerateJSON; return the raw response (document text, usage, timing; a reasoning model's
+        thought in ``reasoning``, its tokens in ``usage.reasoning_tokens``)."""
         request = json_request(schema, RequestSpec(prompt=prompt, messages=messages, **options))
         return call_with_retry(
             lambda t: self._stub.GenerateJSON(request, timeout=t, metadata=self.metadata),

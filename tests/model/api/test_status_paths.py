@@ -46,8 +46,10 @@ INFERENCE: list[tuple[str, Callable[[grpc.Channel], Any], grpc.StatusCode, str]]
      grpc.StatusCode.INVALID_ARGUMENT, "GenerateJSON returns one document"),
     ("json: echo_prompt_logprobs", lambda ch: stub(ch).GenerateJSON(json_req(echo_prompt_logprobs=True), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "GenerateJSON returns one document"),
-    ("json: a thinking budget", lambda ch: stub(ch).GenerateJSON(json_req(thinking_budget_tokens=8), timeout=600),
-     grpc.StatusCode.INVALID_ARGUMENT, "GenerateJSON does not separate a thought"),
+    ("json: a thinking budget with a raw prompt", lambda ch: stub(ch).GenerateJSON(pb.GenerateJSONRequest(
+        prompt="JSON:", json_schema=OBJECT, raw_prompt=True,
+        sampling=pb.SamplingParams(temperature=0.0, thinking_budget_tokens=8)), timeout=600),
+     grpc.StatusCode.INVALID_ARGUMENT, "thinking_budget_tokens needs chat messages"),
     ("json: stop strings", lambda ch: stub(ch).GenerateJSON(json_req(stop=["}"]), timeout=600),
      grpc.StatusCode.INVALID_ARGUMENT, "stop strings cannot be combined with a JSON Schema"),
     ("json: empty prompt", lambda ch: stub(ch).GenerateJSON(json_req(prompt=""), timeout=600),

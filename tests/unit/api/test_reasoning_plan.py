@@ -1,7 +1,8 @@
 """A reasoning model's request set up without a model (``service.api.reasoning``): the template variables a budget
 or an effort sets, the grammar of thought + answer that a budget or a constraint needs (and none otherwise), a
-budget of 0 with a template that cannot turn thinking off, the constraints that cannot follow a thought, and a gRPC
-stream's deltas split into thought and answer with the thought's tokens counted."""
+budget of 0 with a template that cannot turn thinking off, the constraints that cannot follow a thought, a gRPC
+request set up in preparation (its tools' grammar after the thought), and a gRPC stream's deltas (and GenerateJSON's,
+a cache hit's one replayed delta too) split into thought and answer with the thought's tokens counted."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 from inference.v1 import inference_pb2 as pb
 
 from service.api.chat_input import MAX_KWARGS_BYTES
-from service.api.reasoning import ThoughtEvents, ThoughtPlan, plan
+from service.api.reasoning import ThoughtAsk, ThoughtEvents, ThoughtPlan, output_grammar, plan, split_deltas
 from service.chat.markup import Markup
 from service.chat.thinking import MARKERS, Start
 from service.chat.thought import Reasoning
 from service.request.errors import BadRequest
+from service.request.events import Delta
 
 THINK = next(m for m in MARKERS if m.name == "think")
 CLOSE_ID = 7
@@ -107,14 +109,54 @@ def test_variables_over_the_size_limit_are_not_parsed_here_but_left_for_preparat
     assert template.asked == [{}]  # the probe render saw none of the request's variables
 
 
-def test_a_budget_with_tools_and_no_format_of_their_own_is_refused_not_left_to_drop_the_calls() -> None:
+def test_plan_refuses_a_budget_with_tools_whose_grammar_is_not_in_the_request() -> None:
     req = request(5)
     req.tools.add(name="get_weather", parameters='{"type": "object"}')
-    with pytest.raises(BadRequest, match="thinking_budget_tokens with tools"):
+    with pytest.raises(BadRequest, match="thinking_budget_tokens with tools needs the tools' grammar"):
         plan(req, SPECIAL, Template())
     without = request()
     without.tools.add(name="get_weather", parameters='{"type": "object"}')
     assert plan(without, SPECIAL, Template()) is not None and not without.HasField("response_format")
+
+
+CALLS = 'start: "<tool_call>" /[a-z]+/ "</tool_call>"\n'  # a stand-in for a family's call grammar (its start rule)
+
+
+def test_a_request_set_up_in_preparation_has_its_tools_grammar_after_a_budgeted_thought() -> None:
+    ask = ThoughtAsk()
+    kwargs = ask.setup("", 5, True, SPECIAL, Template())
+    assert json.loads(kwargs) == {"enable_thinking": True}
+    assert ask.plan == ThoughtPlan(SPECIAL, Start.INSIDE, 5)
+    ask.compose(("lark", CALLS))
+    assert ask.lark.startswith("start: rsn_thought rsn_answer\n") and "rsn_text[max_tokens=5]" in ask.lark
+    assert 'rsn_answer: "<tool_call>" /[a-z]+/ "</tool_call>"' in ask.lark
+
+
+def test_calls_follow_an_unbounded_thought_too_and_a_free_answer_needs_no_grammar() -> None:
+    calls, free = ThoughtAsk(), ThoughtAsk()
+    for ask in (calls, free):
+        assert ask.setup("", None, True, SPECIAL, Template()) == ""
+    calls.compose(("lark", CALLS))
+    free.compose(None)
+    assert calls.lark.startswith("start: rsn_thought rsn_answer") and "max_tokens" not in calls.lark
+    assert free.lark == ""  # the request's own (no) constraint stands
+
+
+def test_a_budget_of_zero_leaves_the_tools_grammar_alone_and_a_raw_prompt_has_no_plan() -> None:
+    off = ThoughtAsk()
+    assert json.loads(off.setup("", 0, True, SPECIAL, Template())) == {"enable_thinking": False}
+    off.compose(("lark", CALLS))
+    assert off.plan is not None and off.plan.start is Start.CLOSED and off.lark == ""
+    raw = ThoughtAsk()
+    assert raw.setup('{"x": 1}', None, False, SPECIAL, Template()) == '{"x": 1}' and raw.plan is None
+    with pytest.raises(BadRequest, match="thinking_budget_tokens needs chat messages"):
+        ThoughtAsk().setup("", 5, False, SPECIAL, Template())
+
+
+def test_a_json_schema_that_does_not_parse_keeps_its_own_constraint_for_its_compile_to_refuse() -> None:
+    thought = ThoughtPlan(SPECIAL, Start.INSIDE, 5)
+    assert output_grammar(thought, ("json_schema", "{nope")) is None
+    assert "rsn_answer: %json" in (output_grammar(thought, ("json_schema", '{"type": "object"}')) or "")
 
 
 def test_the_request_own_variables_win() -> None:
@@ -145,7 +187,7 @@ def delta(text: str, ids: list[int], choice: int = 0) -> pb.GenerateResponse:
 
 
 def test_a_grpc_streams_deltas_carry_the_thought_apart_and_its_tokens_are_counted() -> None:
-    split = ThoughtEvents(ThoughtPlan(SPECIAL, Start.INSIDE))
+    split = ThoughtEvents(ThoughtAsk(ThoughtPlan(SPECIAL, Start.INSIDE)))
     out = [m for msg in (delta("Let me ", [1, 2]), delta("see.</think>", [3, CLOSE_ID]), delta("\n\nYes", [4, 5]))
            for m in split.events(msg)]
     assert [(m.delta.reasoning, m.delta.text) for m in out] == [("Let me ", ""), ("see.", ""), ("", "Yes")]
@@ -155,7 +197,23 @@ def test_a_grpc_streams_deltas_carry_the_thought_apart_and_its_tokens_are_counte
 
 
 def test_text_held_at_a_choices_end_goes_out_before_its_done() -> None:
-    split = ThoughtEvents(ThoughtPlan(PLAIN, Start.INSIDE))
+    split = ThoughtEvents(ThoughtAsk(ThoughtPlan(PLAIN, Start.INSIDE)))
     assert [m.delta.reasoning for m in split.events(delta("cut off </thi", [1, 2]))] == ["cut off "]
     last, done = split.events(pb.GenerateResponse(request_id="r", done=pb.Done(choice_index=0)))
     assert (last.delta.reasoning, last.delta.text) == ("</thi", "") and done.WhichOneof("event") == "done"
+
+
+def test_events_pass_as_they_are_when_preparation_planned_no_thought() -> None:
+    split = ThoughtEvents(ThoughtAsk())
+    (msg,) = split.events(delta("<think>x</think>y", [6, 1, CLOSE_ID, 2]))
+    assert (msg.delta.reasoning, msg.delta.text) == ("", "<think>x</think>y")
+
+
+def test_generate_json_deltas_and_a_cache_hits_one_replayed_delta_split_alike() -> None:
+    ask = ThoughtAsk(ThoughtPlan(SPECIAL, Start.INSIDE, 3))
+    streamed = [Delta("Let me ", (1, 2)), Delta("see.</think>", (3, CLOSE_ID)), Delta('\n\n{"ok":', (4, 5)),
+                Delta("true}", (8,))]
+    replayed = [Delta("".join(d.text for d in streamed), tuple(t for d in streamed for t in d.token_ids))]
+    expected = ("Let me see.", '{"ok":true}', 4)
+    assert split_deltas(ask, streamed) == split_deltas(ask, replayed) == expected
+    assert split_deltas(None, streamed)[:2] == ("", 'Let me see.</think>\n\n{"ok":true}')
