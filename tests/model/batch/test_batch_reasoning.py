@@ -97,11 +97,14 @@ def grpc_item(name: str, cid: str, budget: int, **extra: Any) -> bpb.BatchItem:
     return bpb.BatchItem(custom_id=cid, generate=req)
 
 
-def test_batch_service_results_keep_the_thought_in_reasoning_and_the_document_in_text(
+def test_batch_service_results_keep_the_thought_in_reasoning_and_the_document_in_text_generate_and_json_items(
     served: tuple[str, Any],
 ) -> None:
     name, srv = served
     items = [grpc_item(name, "full", BUDGET), grpc_item(name, "short", SHORT), grpc_item(name, "off", 0)]
+    g = items[0].generate  # the same request as a GenerateJSON item: the thought, then the document
+    items.append(bpb.BatchItem(custom_id="json", generate_json=pb.GenerateJSONRequest(
+        messages=g.messages, json_schema=g.response_format.json_schema, sampling=g.sampling)))
     raw = bpb.BatchItem(custom_id="raw", generate=pb.GenerateRequest(
         prompt="Is 2 less than 3?", sampling=pb.SamplingParams(max_tokens=4, thinking_budget_tokens=BUDGET)))
     with grpc.insecure_channel(srv.target) as ch:
@@ -113,7 +116,7 @@ def test_batch_service_results_keep_the_thought_in_reasoning_and_the_document_in
                                                             timeout=60)}
     job = watched[-1].batch
     assert job.usage.reasoning_tokens == sum(r.usage.reasoning_tokens for r in got.values()) > 0
-    for cid, budget in (("full", BUDGET), ("short", SHORT)):
+    for cid, budget in (("full", BUDGET), ("short", SHORT), ("json", BUDGET)):
         r = got[cid]
         assert not r.HasField("error") and r.finish_reason == pb.FINISH_REASON_STOP, r
         assert json.loads(r.text) == {"ok": True}  # the document alone, validated against its schema
