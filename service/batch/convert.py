@@ -68,7 +68,8 @@ def job_proto(job: Job) -> bpb.Batch:
             running=c.running, queued=c.queued,
         ),
         usage=pb.Usage(
-            prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens
+            prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
+            reasoning_tokens=u.reasoning_tokens,
         ),
         errors=[bpb.BatchError(line=e.line, custom_id=e.custom_id, status=e.status, message=e.message)
                 for e in job.errors],
@@ -91,10 +92,12 @@ def result_proto(r: StoredResult) -> bpb.GetBatchResultsResponse:
         text=x.text,
         finish_reason=FINISH.get(x.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
         usage=pb.Usage(
-            prompt_tokens=x.prompt_tokens, completion_tokens=x.completion_tokens, cached_tokens=x.cached_tokens
+            prompt_tokens=x.prompt_tokens, completion_tokens=x.completion_tokens, cached_tokens=x.cached_tokens,
+            reasoning_tokens=x.reasoning_tokens,
         ),
         timing=pb.Timing(queue_ms=x.queue_ms, ttft_ms=x.ttft_ms, total_ms=x.total_ms),
         attempts=r.attempts,
+        reasoning=x.reasoning,
     )
     if x.error_status:
         code = grpc.StatusCode[x.error_status].value[0]

@@ -3,7 +3,10 @@
 An item is an ``Ask`` of the batch tier (``item_ask``), validated by the
 lifecycle's prepare stage exactly as the streaming or JSON call's request,
 once at upload and again when it runs (the prepared Sequence is not stored,
-only the item's bytes).
+only the item's bytes). A reasoning model's item is set up in preparation as
+its ``Generate`` or ``GenerateJSON`` request is (``service.api.reasoning.ThoughtAsk``:
+budget, effort, the answer's grammar after the thought), and its result keeps
+the thought apart from the answer (``ItemResult.reasoning``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from inference.v1 import inference_pb2 as pb
 from service.api.ask import Ask, CacheAsk
 from service.api.grammar_service import GrammarService
 from service.api.intake import Intake
+from service.api.reasoning import ThoughtAsk, split_deltas
 from service.batch.store import ItemResult, ItemState
 from service.request.errors import BadRequest
 from service.request.events import Delta, Done, Error, Event
@@ -50,10 +54,10 @@ def item_ask(item: bpb.BatchItem, request_id: str, tenant: str | None = None) ->
         if g.cancel:
             raise BadRequest("cancel is not an item: use CancelBatch")
         _check_unsupported(g.sampling)
-        ask = Ask.generate(g, None)
+        ask = Ask.generate(g, None, reasons=True)
     elif kind == "generate_json":
         _check_unsupported(item.generate_json.sampling)
-        ask = Ask.generate_json(item.generate_json, request_id, None)
+        ask = Ask.generate_json(item.generate_json, request_id, None, reasons=True)
     else:
         raise BadRequest("set the item's generate or generate_json request")
     # NOTE: items keep out of the response cache: a follower waiting on an identical running
@@ -80,15 +84,25 @@ FINISH = {
 }
 
 
+def _output(events: list[Event], thought: ThoughtAsk | None) -> tuple[str | None, str, int]:
+    """(thought, answer, the thought's tokens) of a run's output (``thought``: its Ask's, as preparation set it
+    up); the thought is None when the output was not read for one (all of it is the answer)."""
+    deltas = [e for e in events if isinstance(e, Delta)]
+    said, answer, tokens = split_deltas(thought, deltas)
+    return (said if thought is not None and thought.plan is not None else None), answer, tokens
+
+
 async def outcome(
-    events: list[Event], json_item: bool, schema: str, grammar: GrammarService
+    events: list[Event], json_item: bool, schema: str, grammar: GrammarService, thought: ThoughtAsk | None = None
 ) -> tuple[ItemState, ItemResult]:
     """The stored state and result of a finished item run (its last event is Done or Error); ``schema`` is
-    the JSON Schema its document is checked against ("" for none), ``json_item`` a GenerateJSON item's."""
+    the JSON Schema its document is checked against ("" for none), ``json_item`` a GenerateJSON item's;
+    ``thought`` the run's reasoning set-up: the result's text is then the answer, its thought apart."""
     last = events[-1]
-    text = "".join(e.text for e in events if isinstance(e, Delta))
+    said, text, thought_tokens = _output(events, thought)
     if isinstance(last, Error):
-        return ItemState.FAILED, ItemResult(text=text, error_status=last.status, error_message=last.message)
+        return ItemState.FAILED, ItemResult(text=text, error_status=last.status, error_message=last.message,
+                                            reasoning=said, reasoning_tokens=thought_tokens)
     assert isinstance(last, Done)
     result = ItemResult(
         text=text,
@@ -99,6 +113,8 @@ async def outcome(
         queue_ms=last.queue_ms,
         ttft_ms=last.ttft_ms,
         total_ms=last.total_ms,
+        reasoning=said,
+        reasoning_tokens=thought_tokens,
     )
     if last.finish_reason is FinishReason.CANCELLED:
         return ItemState.CANCELLED, result

@@ -29,16 +29,12 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from service.batch.shared_store import WORK
-from service.batch.store import TERMINAL, ItemResult, ItemState, JobState, StoreUnavailable
+from service.batch.store import RESULT_FIELDS, TERMINAL, ItemResult, ItemState, JobState, StoreUnavailable
 
 log = logging.getLogger("service.batch")
 T = TypeVar("T")
 Conn = Connection[Any]
 RETRIES = 5
-RESULT_FIELDS = (
-    "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "queue_ms", "ttft_ms",
-    "total_ms", "error_status", "error_message",
-)  # ItemResult's fields, in order
 RESULT_COLUMNS = ", ".join(RESULT_FIELDS)
 OPEN = (ItemState.QUEUED.value, ItemState.RUNNING.value)
 # NOTE: libpq settings of every connection: a database that does not answer, or a cut link, must
@@ -140,10 +136,8 @@ class PgBase:
         with db.cursor() as cur:
             cur.executemany(
                 f"INSERT INTO batch_results (job_id, custom_id, done_seq, state, attempts, replica, {RESULT_COLUMNS}) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(job_id, cid, first + n, state.value, attempts, replica, r.text, r.finish_reason, r.prompt_tokens,
-                  r.completion_tokens, r.cached_tokens, r.queue_ms, r.ttft_ms, r.total_ms, r.error_status,
-                  r.error_message)
+                f"VALUES ({', '.join(['%s'] * (6 + len(RESULT_FIELDS)))})",
+                [(job_id, cid, first + n, state.value, attempts, replica, *(getattr(r, f) for f in RESULT_FIELDS))
                  for n, (cid, state, attempts, r, replica) in enumerate(rows)],
             )
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.batch.pg_base import OPEN, RESULT_FIELDS, Conn, PgBase
+from service.batch.pg_base import OPEN, Conn, PgBase
 from service.batch.store import (
     MAX_ERRORS_SHOWN,
+    RESULT_FIELDS,
     Counts,
     ItemError,
     ItemResult,
@@ -27,14 +28,14 @@ from service.batch.store import (
 
 JOB_SELECT = """
 SELECT j.id, j.tenant, j.display_name, j.metadata, j.window_s, j.priority, j.idem_key, j.state, j.times,
-       j.expires_at, j.ended_at, j.failure, j.trace, c.counts, u.p, u.c, u.k, e.n
+       j.expires_at, j.ended_at, j.failure, j.trace, c.counts, u.p, u.c, u.k, e.n, u.r
 FROM batch_jobs j
 CROSS JOIN LATERAL (
     SELECT coalesce(jsonb_object_agg(s.state, s.n), '{}'::jsonb) AS counts
     FROM (SELECT state, count(*) AS n FROM batch_items WHERE job_id = j.id GROUP BY state) s) c
 CROSS JOIN LATERAL (
     SELECT coalesce(sum(prompt_tokens), 0) AS p, coalesce(sum(completion_tokens), 0) AS c,
-           coalesce(sum(cached_tokens), 0) AS k
+           coalesce(sum(cached_tokens), 0) AS k, coalesce(sum(reasoning_tokens), 0) AS r
     FROM batch_results WHERE job_id = j.id) u
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM batch_job_errors WHERE job_id = j.id) e
 """
@@ -129,5 +130,6 @@ class PgReads(PgBase):
         ended = r[10]
         return Job(
             r[0], spec, JobState(r[7]), dict(r[8]), r[9], ended + self.retention_s if ended is not None else None,
-            counts=counts, usage=Usage(int(r[14]), int(r[15]), int(r[16])), error_count=int(r[17]), failure=r[11],
+            counts=counts, usage=Usage(int(r[14]), int(r[15]), int(r[16]), int(r[18])), error_count=int(r[17]),
+            failure=r[11],
         )

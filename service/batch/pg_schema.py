@@ -18,7 +18,8 @@ Tables (prefixed ``batch_`` so the store can share a database with others):
 * ``batch_items``: the queue, one row per (job, custom_id); ``owner`` and
   ``lease_until`` are the lease of a RUNNING item;
 * ``batch_results``: one row per finished item, primary key (job, custom_id):
-  the database itself refuses a second result for a custom_id;
+  the database itself refuses a second result for a custom_id (version 2: the
+  ``reasoning`` and ``reasoning_tokens`` of a reasoning model's thought);
 * ``batch_job_errors``: upload problems.
 
 Times are wall-clock seconds (double precision) from the store's clock.
@@ -26,10 +27,9 @@ Times are wall-clock seconds (double precision) from the store's clock.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-log = logging.getLogger("service.batch")
+from service.batch.schema_versions import Migrations, apply
 
 # NOTE: one fixed key for "the batch schema" (pg_advisory_xact_lock takes a bigint); per database.
 MIGRATION_LOCK_KEY = 0x62617463685F6D67  # b"batch_mg"
@@ -67,8 +67,14 @@ V1 = (
     "CREATE INDEX batch_job_errors_job ON batch_job_errors (job_id, line)",
 )
 
+# A reasoning model's thought kept apart from the answer (``text``); results stored before read back with none.
+V2 = (
+    "ALTER TABLE batch_results ADD COLUMN reasoning text",  # NOTE: NULL: not read for a thought (older results)
+    "ALTER TABLE batch_results ADD COLUMN reasoning_tokens integer NOT NULL DEFAULT 0",
+)
+
 # (version, statements): append only.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((1, V1),)
+MIGRATIONS: Migrations = ((1, V1), (2, V2))
 LATEST = MIGRATIONS[-1][0]
 
 
@@ -86,17 +92,10 @@ def migrate(conn: Any) -> int:
             "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
         (current,) = conn.execute("SELECT coalesce(max(version), 0) FROM batch_schema_version").fetchone()
-        if current > LATEST:
-            log.warning("batch store schema is version %d, newer than this server's %d", current, LATEST)
-        for version, statements in MIGRATIONS:
-            if version <= current:
-                continue
-            for sql in statements:
-                conn.execute(sql)
-            conn.execute("INSERT INTO batch_schema_version (version) VALUES (%s)", (version,))
-            log.info("batch store schema migrated to version %d", version)
-            current = version
-    return int(current)
+        current = apply(MIGRATIONS, int(current), conn.execute,
+                        lambda version: conn.execute("INSERT INTO batch_schema_version (version) VALUES (%s)",
+                                                     (version,)))
+    return current
 
 
 def schema_version(conn: Any) -> int:

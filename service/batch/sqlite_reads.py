@@ -9,6 +9,7 @@ from typing import Any
 
 from service.batch.store import (
     MAX_ERRORS_SHOWN,
+    RESULT_FIELDS,
     Counts,
     ItemError,
     ItemResult,
@@ -21,10 +22,7 @@ from service.batch.store import (
     job_cursor,
 )
 
-RESULT_COLUMNS = (
-    "text, finish_reason, prompt_tokens, completion_tokens, cached_tokens, queue_ms, ttft_ms, total_ms, "
-    "error_status, error_message"
-)
+RESULT_COLUMNS = ", ".join(RESULT_FIELDS)
 OPEN = (ItemState.QUEUED.value, ItemState.RUNNING.value)
 
 
@@ -114,9 +112,9 @@ class SqliteReads:
     @staticmethod
     def _fill_counts(db: sqlite3.Connection, job: Job) -> None:
         counts, usage = Counts(), Usage()
-        for state, n, p, c, k in db.execute(
-            "SELECT state, count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens) "
-            "FROM items WHERE job_id=? GROUP BY state",
+        for state, n, p, c, k, t in db.execute(
+            "SELECT state, count(*), sum(prompt_tokens), sum(completion_tokens), sum(cached_tokens), "
+            "sum(reasoning_tokens) FROM items WHERE job_id=? GROUP BY state",
             (job.id,),
         ):
             setattr(counts, state, n)
@@ -124,6 +122,7 @@ class SqliteReads:
             usage.prompt_tokens += p or 0
             usage.completion_tokens += c or 0
             usage.cached_tokens += k or 0
+            usage.reasoning_tokens += t or 0
         job.counts, job.usage = counts, usage
 
     def stopping_jobs(self) -> dict[str, JobState]:

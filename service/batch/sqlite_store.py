@@ -1,7 +1,7 @@
 """``JobStore`` on SQLite in WAL mode (the embedded default, ``--batch-db``).
 
-One table of jobs, one of items (with their results), one of upload errors.
-Every write is one ``BEGIN IMMEDIATE`` transaction, committed before the
+One table of jobs, one of items (with their results), one of upload errors
+(``service.batch.sqlite_schema``: migrated at open). Every write is one ``BEGIN IMMEDIATE`` transaction, committed before the
 method returns.
 
 NOTE: ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a
@@ -25,7 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from service.batch.sqlite_reads import OPEN, SqliteReads
+from service.batch.sqlite_schema import migrate
 from service.batch.store import (
+    RESULT_FIELDS,
     TERMINAL,
     Claim,
     ItemError,
@@ -37,32 +39,6 @@ from service.batch.store import (
     JobStore,
     NewItem,
 )
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, display_name TEXT NOT NULL, metadata TEXT NOT NULL,
-    window_s INTEGER NOT NULL, priority INTEGER NOT NULL, idem_key TEXT NOT NULL, state TEXT NOT NULL,
-    times TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL, ended_at REAL,
-    failure TEXT NOT NULL DEFAULT '', done_seq INTEGER NOT NULL DEFAULT 0, trace TEXT NOT NULL DEFAULT '');
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(tenant, idem_key) WHERE idem_key != '';
-CREATE INDEX IF NOT EXISTS jobs_tenant ON jobs(tenant, created_at, id);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, priority, created_at);
-CREATE TABLE IF NOT EXISTS items (
-    job_id TEXT NOT NULL, custom_id TEXT NOT NULL, line INTEGER NOT NULL, request BLOB NOT NULL,
-    sort_key BLOB NOT NULL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, done_seq INTEGER,
-    text TEXT NOT NULL DEFAULT '', finish_reason TEXT NOT NULL DEFAULT '',
-    prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0, queue_ms REAL NOT NULL DEFAULT 0,
-    ttft_ms REAL NOT NULL DEFAULT 0, total_ms REAL NOT NULL DEFAULT 0,
-    error_status TEXT NOT NULL DEFAULT '', error_message TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (job_id, custom_id));
-CREATE INDEX IF NOT EXISTS items_queue ON items(job_id, state, sort_key, line);
-CREATE INDEX IF NOT EXISTS items_done ON items(job_id, done_seq);
-CREATE TABLE IF NOT EXISTS job_errors (
-    job_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, status TEXT NOT NULL,
-    message TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS job_errors_job ON job_errors(job_id, line);
-"""
 
 
 class SqliteJobStore(SqliteReads, JobStore):
@@ -84,7 +60,7 @@ class SqliteJobStore(SqliteReads, JobStore):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+        self.schema_version = migrate(self._db)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -289,12 +265,8 @@ class SqliteJobStore(SqliteReads, JobStore):
             if not self._current(db, claim):
                 return False
             db.execute(
-                "UPDATE items SET state=?, text=?, finish_reason=?, prompt_tokens=?, completion_tokens=?, "
-                "cached_tokens=?, queue_ms=?, ttft_ms=?, total_ms=?, error_status=?, error_message=? "
-                "WHERE job_id=? AND custom_id=?",
-                (state.value, r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.cached_tokens,
-                 r.queue_ms, r.ttft_ms, r.total_ms, r.error_status, r.error_message, claim.job_id,
-                 claim.custom_id),
+                f"UPDATE items SET state=?, {', '.join(f'{f}=?' for f in RESULT_FIELDS)} WHERE job_id=? AND custom_id=?",
+                (state.value, *(getattr(r, f) for f in RESULT_FIELDS), claim.job_id, claim.custom_id),
             )
             self._mark_done(db, claim.job_id, claim.custom_id)
             self._close_if_done(db, claim.job_id)

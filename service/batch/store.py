@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from service.request.errors import Unavailable
@@ -120,6 +120,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens, those of reasoning models' thoughts
 
 
 @dataclass
@@ -158,7 +159,10 @@ class Claim:
 
 @dataclass(frozen=True)
 class ItemResult:
-    """The outcome of one item: text and counts, or an error (status name + message)."""
+    """The outcome of one item: text and counts, or an error (status name + message). For a reasoning model's
+    chat ``text`` is the answer alone and ``reasoning`` its thought (``reasoning_tokens`` of the completion
+    tokens, its markers included), "" when it wrote none; None: the output was not read for a thought
+    (another model or item, or a result stored before the thought was kept apart)."""
 
     text: str = ""
     finish_reason: str = ""  # "stop", "length", "cancelled", "closed" (a JSON document closed in budget) or ""
@@ -170,6 +174,12 @@ class ItemResult:
     total_ms: float = 0.0
     error_status: str = ""
     error_message: str = ""
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+
+
+# ItemResult's fields, in order: the result columns of both stores (read back positionally)
+RESULT_FIELDS = tuple(f.name for f in fields(ItemResult))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ starts) and runs each through the request lifecycle like any request
 most ``max_running`` items are in the engine at once (queued there or
 running), so live batch-tier streams keep their share.
 
+A reasoning model's item is set up as its live request is (in preparation) and
+its result keeps the thought apart (``service.batch.items.outcome``).
 An item's terminal event (on the event loop) records its result in the store;
 the item leaves the running set only after that commit. An item the engine
 did not finish for its own reasons (drain cancelled it, the engine failed,
@@ -240,7 +242,8 @@ class BatchWorker:
     async def _record(self, run: Running) -> None:
         claim, last = run.claim, run.events[-1]
         try:
-            state, result = await outcome(run.events, run.json_item, _schema(run), self.intake.grammar)
+            thought = run.flight.ask.thought if run.flight is not None else None
+            state, result = await outcome(run.events, run.json_item, _schema(run), self.intake.grammar, thought)
             not_ours = state is ItemState.CANCELLED and run.aborted is None
             if run.lost:
                 pass  # NOTE: another replica runs the item now; the store would refuse this run's result

@@ -4,10 +4,14 @@
   becomes a ``BatchItem`` whose ``generate`` request is what the live endpoint
   would build from ``body`` (``service.http.requests``); a line that cannot
   (bad JSON, nested too deeply, a lone surrogate, wrong url, streaming, tools,
-  logprobs, n > 1) is refused with its reason and ends up in the error file;
+  logprobs, n > 1) is refused with its reason and ends up in the error file. A
+  reasoning model's line (a thinking budget, ``reasoning_effort``) is planned
+  when it runs, as a ``Generate`` request is (``service.batch.items``);
 * a result becomes an output line ``{"id", "custom_id", "response": {"status_code",
   "request_id", "body"}, "error": null}``: the body is the endpoint's response
-  object, or OpenAI's error object for a failed, cancelled or expired item;
+  object as the live endpoint renders it (``service.http.render``: a reasoning
+  model's thought is the message's ``reasoning_content``), or OpenAI's error
+  object for a failed, cancelled or expired item;
 * a ``Batch`` becomes OpenAI's batch object; the endpoint and the input file
   are kept in the job's metadata under ``openai.*`` keys (hidden from callers).
 """
@@ -24,8 +28,8 @@ from inference.v1 import inference_pb2 as pb
 from service.api.input_limits import DEFAULTS, InputLimits
 from service.http.body import check_json
 from service.http.errors import ApiError, from_status
-from service.http.render import CLOSED_FIELD, FINISH  # a closed document: "stop", and json_closed
-from service.http.requests import parse_chat, parse_completion
+from service.http.render import FINISH, Choices, Json
+from service.http.requests import Output, parse_chat, parse_completion
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 KEY_ENDPOINT, KEY_INPUT = "openai.endpoint", "openai.input_file_id"
@@ -52,8 +56,6 @@ def _item(raw: Any, endpoint: str, model: str, limits: InputLimits) -> Line:
         return (cid, str(exc))
     if parsed.output.stream or parsed.output.tools is not None:
         return (cid, "batch lines cannot stream or call tools")
-    if parsed.request.sampling.HasField("thinking_budget_tokens"):
-        return (cid, "batch lines cannot take a thinking budget (batch results do not separate a thought)")
     if len(parsed.prompts) > 1 or (parsed.prompts and not isinstance(parsed.prompts[0], str)):
         return (cid, "a batch line takes one text prompt (several prompts or token ids: one line each, as text)")
     return bpb.BatchItem(custom_id=cid, generate=parsed.request)
@@ -90,23 +92,17 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _body(r: bpb.GetBatchResultsResponse, endpoint: str, model: str, created: int) -> dict[str, Any]:
-    finish = FINISH.get(r.finish_reason, "stop")
-    if endpoint == ENDPOINTS[0]:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": r.text, "refusal": None},
-                                  "logprobs": None, "finish_reason": finish}
-        kind, prefix = "chat.completion", "chatcmpl-"
-    else:
-        choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": finish}
-        kind, prefix = "text_completion", "cmpl-"
-    if r.finish_reason == pb.FINISH_REASON_CLOSED:
-        choice[CLOSED_FIELD] = True
-    u = r.usage
-    usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-             "total_tokens": u.prompt_tokens + u.completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": min(u.cached_tokens, u.prompt_tokens)}}
-    return {"id": prefix + _digest(f"{r.cursor}/{created}"), "object": kind, "created": created, "model": model,
-            "choices": [choice], "usage": usage}
+def _body(r: bpb.GetBatchResultsResponse, endpoint: str, model: str, created: int) -> Json:
+    """The endpoint's response object of a result, rendered as the live endpoint renders its answer
+    (``service.http.render``): a reasoning model's chat (``reasoning`` set) with its usage's thought tokens."""
+    chat = endpoint == ENDPOINTS[0]
+    rid = ("chatcmpl-" if chat else "cmpl-") + _digest(f"{r.cursor}/{created}")
+    choices = Choices(Output(chat, model), rid, created, thought_usage=chat and r.HasField("reasoning"))
+    choices.add_delta(pb.Delta(text=r.text))
+    finish = r.finish_reason if r.finish_reason in FINISH else pb.FINISH_REASON_STOP
+    choices.add_done(pb.Done(finish_reason=finish, usage=r.usage)).reasoning = r.reasoning
+    choices.reasoning_tokens = r.usage.reasoning_tokens
+    return choices.response()
 
 
 def output_line(r: bpb.GetBatchResultsResponse, batch: bpb.Batch, model: str) -> tuple[bool, bytes]:

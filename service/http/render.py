@@ -85,6 +85,11 @@ class Choices:
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens, those of thoughts (a reasoning model's chat)
     prompts: dict[int, tuple[int, int]] = field(default_factory=dict)  # prompt -> (its tokens, cached ones)
+    # the usage counts the thought's tokens (a reasoning model's chat: ``output.thought``, or a batch result read so)
+    thought_usage: bool = False
+
+    def __post_init__(self) -> None:
+        self.thought_usage = self.thought_usage or self.output.thought is not None
 
     def get(self, index: int) -> Choice:
         return self.choices.setdefault(index, Choice())
@@ -130,7 +135,7 @@ class Choices:
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             **({"completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
-               if self.output.thought is not None else {}),
+               if self.thought_usage else {}),
         }
 
     def _envelope(self, chunk: bool) -> Json:

@@ -195,10 +195,12 @@ class BatchApi:
 
 
 def result_to_dict(r: bpb.GetBatchResultsResponse) -> dict[str, Any]:
-    """One results-file line: custom_id, text, finish_reason, usage, timing, attempts, error (or None)."""
+    """One results-file line: custom_id, text, reasoning (a reasoning model's thought, else None), finish_reason,
+    usage, timing, attempts, error (or None)."""
     out: dict[str, Any] = {
         "custom_id": r.custom_id,
         "text": r.text,
+        "reasoning": r.reasoning if r.HasField("reasoning") else None,
         "finish_reason": pb.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower()
         if r.finish_reason
         else None,

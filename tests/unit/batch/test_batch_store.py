@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,21 @@ def test_job_completes_with_counts_usage_times_and_results_in_both_orders(
     assert [r.custom_id for r in by_done] == ["b", "c", "a"]
     assert [r.custom_id for r in store.results("t1", job_id, True, by_done[0].cursor, 10)] == ["c", "a"]
     assert [r.custom_id for r in store.results("t1", job_id, False, by_id[1].cursor, 10)] == ["c"]
+
+
+def test_a_result_keeps_a_reasoning_models_thought_apart_from_its_answer(opener: tuple[Opener, FakeClock]) -> None:
+    store = opener[0]()
+    job_id = started(store, "r", "p")
+    thought = replace(ok('{"ok": true}', completion=12), reasoning="Two is less than three.", reasoning_tokens=7)
+    r, p = store.claim(2)
+    assert store.finish(r, ItemState.COMPLETED, thought) and store.finish(p, ItemState.COMPLETED, ok("plain"))
+    again = opener[0]()  # reopened: committed
+    got = {x.custom_id: x.result for x in again.results("t1", job_id, False, "", 10)}
+    assert got == {"r": thought, "p": ok("plain")}
+    assert (got["r"].text, got["r"].reasoning, got["r"].reasoning_tokens) == ('{"ok": true}', thought.reasoning, 7)
+    assert (got["p"].reasoning, got["p"].reasoning_tokens) == (None, 0)  # not read for a thought
+    job = again.get_job("t1", job_id)
+    assert job is not None and (job.usage.completion_tokens, job.usage.reasoning_tokens) == (14, 7)
 
 
 def test_duplicate_and_bad_items_are_reported_and_the_job_goes_on(store: JobStore) -> None:

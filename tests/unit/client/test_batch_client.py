@@ -52,3 +52,12 @@ def test_result_line_has_text_usage_and_error() -> None:
     assert result_to_dict(ok)["error"] is None
     assert result_to_dict(bad)["error"] == {"status": "INVALID_ARGUMENT", "message": "empty"}
     assert result_to_dict(bad)["finish_reason"] is None
+    assert result_to_dict(ok)["reasoning"] is None
+
+
+def test_result_line_keeps_a_reasoning_models_thought_apart_from_the_text() -> None:
+    r = bpb.GetBatchResultsResponse(custom_id="t", text='{"ok": true}', reasoning="Two is less.",
+                                    finish_reason=pb.FINISH_REASON_STOP,
+                                    usage=pb.Usage(prompt_tokens=3, completion_tokens=9, reasoning_tokens=6))
+    line = result_to_dict(r)
+    assert (line["text"], line["reasoning"], line["usage"]["reasoning_tokens"]) == ('{"ok": true}', "Two is less.", 6)

@@ -16,7 +16,7 @@ def line(cid: str, body: dict[str, object], url: str = CHAT) -> str:
     return json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body})
 
 
-def test_lines_become_items_or_refusals_with_their_reason() -> None:
+def test_lines_become_items_or_refusals_with_their_reason_and_a_thinking_budget_is_kept() -> None:
     good = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     data = "\n".join([
         line("a", good),
@@ -35,8 +35,9 @@ def test_lines_become_items_or_refusals_with_their_reason() -> None:
     assert "cannot stream" in refusals["b"] and "url /v1/chat/completions" in refusals["c"]
     assert "model must be 'm'" in refusals["d"] and "'temperature' must be a number" in refusals["e"]
     assert refusals[""] == "line 5 is not valid JSON"
-    assert "cannot take a thinking budget" in refusals["f"]
-    assert len(out) == 7
+    budget = next(x for x in out if isinstance(x, bpb.BatchItem) and x.custom_id == "f")
+    assert budget.generate.sampling.thinking_budget_tokens == 8  # planned when the item runs
+    assert len(out) == 7 and "f" not in refusals
 
 
 def batch(state: int = bpb.BATCH_STATE_COMPLETED) -> bpb.Batch:
@@ -87,3 +88,21 @@ def test_a_document_closed_within_its_budget_is_a_stop_marked_json_closed() -> N
     plain = json.loads(output_line(bpb.GetBatchResultsResponse(custom_id="p", finish_reason=pb.FINISH_REASON_STOP),
                                    batch(), "m")[1])
     assert "json_closed" not in plain["response"]["body"]["choices"][0]
+
+
+def test_a_reasoning_models_result_line_has_the_thought_as_reasoning_content_and_its_tokens_in_the_usage() -> None:
+    r = bpb.GetBatchResultsResponse(custom_id="t", cursor="t", text='{"ok": true}', reasoning="two is less",
+                                    finish_reason=pb.FINISH_REASON_STOP,
+                                    usage=pb.Usage(prompt_tokens=9, completion_tokens=12, reasoning_tokens=7))
+    body = json.loads(output_line(r, batch(), "m")[1])["response"]["body"]
+    message = body["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ('{"ok": true}', "two is less")
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 7}
+    assert body["usage"]["total_tokens"] == 21
+    none = bpb.GetBatchResultsResponse(custom_id="n", text="Hi", reasoning="", finish_reason=pb.FINISH_REASON_STOP)
+    empty = json.loads(output_line(none, batch(), "m")[1])["response"]["body"]
+    assert "reasoning_content" not in empty["choices"][0]["message"]  # no thought (a budget of 0): as live
+    assert empty["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    none.ClearField("reasoning")  # not read for a thought: another model's, or a result stored before
+    plain = json.loads(output_line(none, batch(), "m")[1])["response"]["body"]
+    assert "completion_tokens_details" not in plain["usage"] and plain["choices"][0]["message"]["content"] == "Hi"
