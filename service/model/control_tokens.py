@@ -17,6 +17,9 @@ markers in 960 KB: 40 s). ``ControlTokens`` does both jobs itself:
   marks from the text between them (``reveal``) and applies llama.cpp's
   lstrip/rstrip rules, giving the runs of text to tokenize as plain text and the
   control tokens between them, as llama.cpp's partition does.
+* ``pieces(text)`` cuts text one character into every occurrence of a control
+  token that llama.cpp matches in any text (``SpecialText.in_any_text``:
+  gpt-oss's harmony markers), so that no piece holds one whole.
 
 The two characters are chosen per vocabulary and template: private-use code
 points that occur in no token text and nowhere in ``avoid`` (the template).
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from service.model.runner import SpecialText
 
@@ -83,6 +87,9 @@ class ControlTokens:
         self._find = re.compile(f"(?<!{b}){trie}")
         self._find_all = re.compile(trie)
         self._mark = re.compile(f"({b})|(?={trie})")
+        # NOTE: a one-character token cannot be cut inside (none is retyped); its occurrences are left whole.
+        anywhere = [t for t, s in by_text.items() if s.in_any_text and len(t) > 1]
+        self._inside = re.compile(f"(?={_trie(anywhere)})") if anywhere else None
 
     def escape(self, text: str) -> str:
         """Caller text in which ``split`` finds no control token (``reveal`` gives ``text`` back)."""
@@ -91,6 +98,14 @@ class ControlTokens:
     def holds_control(self, text: str) -> bool:
         """Some control token's text occurs in ``text``."""
         return self._find_all.search(text) is not None
+
+    def pieces(self, text: str) -> list[str]:
+        """``text`` cut one character into every occurrence of an ``in_any_text`` token's text (overlapping
+        ones too): no piece holds one whole, and the pieces join to ``text``; linear in the text."""
+        if self._inside is None:
+            return [text]
+        cuts = [m.start() + 1 for m in self._inside.finditer(text)]
+        return [text[a:b] for a, b in pairwise([0, *cuts, len(text)])] if cuts else [text]
 
     def reveal(self, text: str) -> str:
         """``text`` without the marks ``escape`` added: BREAK ESC -> BREAK, a lone BREAK -> nothing."""

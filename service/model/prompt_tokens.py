@@ -15,6 +15,12 @@ without special parsing. llama.cpp splits a prompt at the same places before it
 tokenizes the pieces, so a conversation whose contents hold no control-token
 text gets exactly the token ids of llama.cpp's whole-prompt tokenization.
 
+llama.cpp matches user-defined tokens in any text. gpt-oss's harmony markers are
+control tokens that its loader retypes as user-defined (``RETYPED_CONTROL``), so
+text tokenized without special parsing can still come out as them: every such
+token in the ids of text is spelled out as the ids of its own text, cut inside
+(``ControlTokens.pieces``), so text never becomes one (``_as_text``).
+
 NOTE: escaping changes only strings that hold a control token's text (or a mark
 character). For those, the render is checked against a second one with other
 mark characters: a template that treats the marks as anything but opaque
@@ -58,6 +64,12 @@ class PromptTokenizer:
         self.controls = ControlTokens(specials, (brk, esc))
         self._check = ControlTokens(specials, (brk2, esc2))
         self._special_ids = frozenset(s.id for s in specials)
+        # NOTE: llama.cpp's partition tokenizes the text between the user-defined tokens it matched apart,
+        # so spelling a match out as the ids of its text's pieces gives the ids of the text tokenized in
+        # pieces cut inside each marker, in one llama.cpp call per run rather than one per piece (a call
+        # costs a fixed ~0.15 ms: see ``ids``).
+        self._spelled = {s.id: [t for piece in self.controls.pieces(s.text) for t in self._plain(piece)]
+                         for s in specials if s.in_any_text}
 
     @property
     def specials(self) -> dict[str, SpecialText]:
@@ -108,7 +120,7 @@ class PromptTokenizer:
         for part in parts:
             if isinstance(part, str) and self.controls.holds_control(part):
                 out += self._chunk(chunk)
-                out += self.vocab.tokenize(part, add_special=False, parse_special=False)
+                out += self._as_text(part)
                 chunk = []
                 continue
             chunk.append(part)
@@ -130,12 +142,23 @@ class PromptTokenizer:
             return ids
         out: list[int] = []  # NOTE: not expected; kept so that no run can ever yield a control token
         for p in parts:
-            out += self.vocab.tokenize(p, False, False) if isinstance(p, str) else [p.id]
+            out += self._as_text(p) if isinstance(p, str) else [p.id]
         return out
+
+    def _plain(self, text: str) -> list[int]:
+        return self.vocab.tokenize(text, add_special=False, parse_special=False)
+
+    def _as_text(self, text: str, add_special: bool = False) -> list[int]:
+        """Token ids of ``text`` as text: llama.cpp without special parsing, each control token it matched
+        anyway (``in_any_text``) spelled out as the ids of its text (see the module doc)."""
+        ids = self.vocab.tokenize(text, add_special=add_special, parse_special=False)
+        if self._spelled.keys().isdisjoint(ids):
+            return ids
+        return [t for token in ids for t in self._spelled.get(token, (token,))]
 
     def text_ids(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         """Token ids of raw text; ``parse_special`` turns every control token's text into the token
         (found here in linear time, not by llama.cpp's quadratic search)."""
         if not parse_special:
-            return self.vocab.tokenize(text, add_special=add_special, parse_special=False)
+            return self._as_text(text, add_special)
         return self.ids(self.controls.split(text, marked=False), add_special)
