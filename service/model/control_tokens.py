@@ -19,7 +19,9 @@ markers in 960 KB: 40 s). ``ControlTokens`` does both jobs itself:
   control tokens between them, as llama.cpp's partition does.
 * ``pieces(text)`` cuts text one character into every occurrence of a control
   token that llama.cpp matches in any text (``SpecialText.in_any_text``:
-  gpt-oss's harmony markers), so that no piece holds one whole.
+  gpt-oss's harmony markers), so that no piece holds one whole; ``batches(text,
+  most)`` cuts it before them, so that no batch holds more than ``most``
+  (llama.cpp's search for the tokens it matches is quadratic in their number).
 
 The two characters are chosen per vocabulary and template: private-use code
 points that occur in no token text and nowhere in ``avoid`` (the template).
@@ -68,6 +70,11 @@ def free_chars(n: int, avoid: str) -> list[str]:
     return out
 
 
+def _cut(text: str, cuts: list[int]) -> list[str]:
+    """``text`` cut at ``cuts`` (ascending, inside the text)."""
+    return [text[a:b] for a, b in pairwise([0, *cuts, len(text)])] if cuts else [text]
+
+
 class ControlTokens:
     """Finds the control tokens of one vocabulary (``Vocab.special_texts()``) in text; see the module doc.
 
@@ -89,7 +96,7 @@ class ControlTokens:
         self._mark = re.compile(f"({b})|(?={trie})")
         # NOTE: a one-character token cannot be cut inside (none is retyped); its occurrences are left whole.
         anywhere = [t for t, s in by_text.items() if s.in_any_text and len(t) > 1]
-        self._inside = re.compile(f"(?={_trie(anywhere)})") if anywhere else None
+        self._anywhere = re.compile(f"(?={_trie(anywhere)})") if anywhere else None
 
     def escape(self, text: str) -> str:
         """Caller text in which ``split`` finds no control token (``reveal`` gives ``text`` back)."""
@@ -102,10 +109,16 @@ class ControlTokens:
     def pieces(self, text: str) -> list[str]:
         """``text`` cut one character into every occurrence of an ``in_any_text`` token's text (overlapping
         ones too): no piece holds one whole, and the pieces join to ``text``; linear in the text."""
-        if self._inside is None:
-            return [text]
-        cuts = [m.start() + 1 for m in self._inside.finditer(text)]
-        return [text[a:b] for a, b in pairwise([0, *cuts, len(text)])] if cuts else [text]
+        return _cut(text, [start + 1 for start in self._starts(text)])
+
+    def batches(self, text: str, most: int) -> list[str]:
+        """``text`` cut before every ``most``-th occurrence of an ``in_any_text`` token's text: no batch
+        holds more than ``most`` of them, and the batches join to ``text``; linear in the text."""
+        return _cut(text, self._starts(text)[most::most])
+
+    def _starts(self, text: str) -> list[int]:
+        """Where an ``in_any_text`` token's text starts in ``text``, in order."""
+        return [] if self._anywhere is None else [m.start() for m in self._anywhere.finditer(text)]
 
     def reveal(self, text: str) -> str:
         """``text`` without the marks ``escape`` added: BREAK ESC -> BREAK, a lone BREAK -> nothing."""
