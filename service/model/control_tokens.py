@@ -112,8 +112,8 @@ class ControlTokens:
         return _cut(text, [start + 1 for start in self._starts(text)])
 
     def batches(self, text: str, most: int) -> list[str]:
-        """``text`` cut before every ``most``-th occurrence of an ``in_any_text`` token's text: no batch
-        holds more than ``most`` of them, and the batches join to ``text``; linear in the text."""
+        """``text`` cut before the occurrences of ``in_any_text`` tokens' texts that follow each ``most`` of
+        them: no batch holds more than ``most``, and the batches join to ``text``; linear in the text."""
         return _cut(text, self._starts(text)[most::most])
 
     def _starts(self, text: str) -> list[int]:
