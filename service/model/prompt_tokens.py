@@ -158,7 +158,7 @@ class PromptTokenizer:
         """Token ids of ``text`` as text: llama.cpp without special parsing, at most ``CHUNK`` of the control
         tokens it matches anyway (``in_any_text``) a call, each spelled out as the ids of its text (see the
         module doc). A batch starts at such a token, where llama.cpp cuts the text anyway: the same ids as
-        one call."""
+        one call (unless two occurrences overlap there: text either way)."""
         ids: list[int] = []
         for batch in self.controls.batches(text, CHUNK):
             ids += self._plain(batch)
