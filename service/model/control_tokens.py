@@ -17,6 +17,11 @@ markers in 960 KB: 40 s). ``ControlTokens`` does both jobs itself:
   marks from the text between them (``reveal``) and applies llama.cpp's
   lstrip/rstrip rules, giving the runs of text to tokenize as plain text and the
   control tokens between them, as llama.cpp's partition does.
+* ``pieces(text)`` cuts text one character into every occurrence of a control
+  token that llama.cpp matches in any text (``SpecialText.in_any_text``:
+  gpt-oss's harmony markers), so that no piece holds one whole; ``batches(text,
+  most)`` cuts it before them, so that no batch holds more than ``most``
+  (llama.cpp's search for the tokens it matches is quadratic in their number).
 
 The two characters are chosen per vocabulary and template: private-use code
 points that occur in no token text and nowhere in ``avoid`` (the template).
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 from service.model.runner import SpecialText
 
@@ -64,6 +70,11 @@ def free_chars(n: int, avoid: str) -> list[str]:
     return out
 
 
+def _cut(text: str, cuts: list[int]) -> list[str]:
+    """``text`` cut at ``cuts`` (ascending, inside the text)."""
+    return [text[a:b] for a, b in pairwise([0, *cuts, len(text)])] if cuts else [text]
+
+
 class ControlTokens:
     """Finds the control tokens of one vocabulary (``Vocab.special_texts()``) in text; see the module doc.
 
@@ -83,6 +94,9 @@ class ControlTokens:
         self._find = re.compile(f"(?<!{b}){trie}")
         self._find_all = re.compile(trie)
         self._mark = re.compile(f"({b})|(?={trie})")
+        # NOTE: a one-character token cannot be cut inside (none is retyped); its occurrences are left whole.
+        anywhere = [t for t, s in by_text.items() if s.in_any_text and len(t) > 1]
+        self._anywhere = re.compile(f"(?={_trie(anywhere)})") if anywhere else None
 
     def escape(self, text: str) -> str:
         """Caller text in which ``split`` finds no control token (``reveal`` gives ``text`` back)."""
@@ -91,6 +105,20 @@ class ControlTokens:
     def holds_control(self, text: str) -> bool:
         """Some control token's text occurs in ``text``."""
         return self._find_all.search(text) is not None
+
+    def pieces(self, text: str) -> list[str]:
+        """``text`` cut one character into every occurrence of an ``in_any_text`` token's text (overlapping
+        ones too): no piece holds one whole, and the pieces join to ``text``; linear in the text."""
+        return _cut(text, [start + 1 for start in self._starts(text)])
+
+    def batches(self, text: str, most: int) -> list[str]:
+        """``text`` cut before the occurrences of ``in_any_text`` tokens' texts that follow each ``most`` of
+        them: no batch holds more than ``most``, and the batches join to ``text``; linear in the text."""
+        return _cut(text, self._starts(text)[most::most])
+
+    def _starts(self, text: str) -> list[int]:
+        """Where an ``in_any_text`` token's text starts in ``text``, in order."""
+        return [] if self._anywhere is None else [m.start() for m in self._anywhere.finditer(text)]
 
     def reveal(self, text: str) -> str:
         """``text`` without the marks ``escape`` added: BREAK ESC -> BREAK, a lone BREAK -> nothing."""

@@ -15,6 +15,14 @@ without special parsing. llama.cpp splits a prompt at the same places before it
 tokenizes the pieces, so a conversation whose contents hold no control-token
 text gets exactly the token ids of llama.cpp's whole-prompt tokenization.
 
+llama.cpp matches user-defined tokens in any text. gpt-oss's harmony markers are
+control tokens that its loader retypes as user-defined (``RETYPED_CONTROL``), so
+text tokenized without special parsing can still come out as them: every such
+token in the ids of text is spelled out as the ids of its own text, cut inside
+(``ControlTokens.pieces``), so text never becomes one (``_as_text``). llama.cpp's
+search for them is quadratic in their number, so text reaches it in batches of at
+most ``CHUNK`` of them (``ControlTokens.batches``).
+
 NOTE: escaping changes only strings that hold a control token's text (or a mark
 character). For those, the render is checked against a second one with other
 mark characters: a template that treats the marks as anything but opaque
@@ -58,6 +66,12 @@ class PromptTokenizer:
         self.controls = ControlTokens(specials, (brk, esc))
         self._check = ControlTokens(specials, (brk2, esc2))
         self._special_ids = frozenset(s.id for s in specials)
+        # NOTE: llama.cpp's partition tokenizes the text between the user-defined tokens it matched apart,
+        # so spelling a match out as the ids of its text's pieces gives the ids of the text tokenized in
+        # pieces cut inside each marker, in a call per ``CHUNK`` markers rather than per piece (a call
+        # costs a fixed ~0.15 ms: see ``ids``). Byte-level BPE (gpt-oss's) adds no space before a piece.
+        self._spelled = {s.id: [t for piece in self.controls.pieces(s.text) for t in self._plain(piece)]
+                         for s in specials if s.in_any_text}
 
     @property
     def specials(self) -> dict[str, SpecialText]:
@@ -103,12 +117,12 @@ class PromptTokenizer:
         that was escaped) is tokenized on its own as text; a chunk whose control tokens come out other
         than placed is tokenized again one part a call.
         """
-        out = [self.vocab.bos_id] if add_special and self.vocab.add_bos else []
+        out: list[int] = []
         chunk: list[Part] = []
         for part in parts:
             if isinstance(part, str) and self.controls.holds_control(part):
                 out += self._chunk(chunk)
-                out += self.vocab.tokenize(part, add_special=False, parse_special=False)
+                out += self._as_text(part)
                 chunk = []
                 continue
             chunk.append(part)
@@ -116,9 +130,13 @@ class PromptTokenizer:
                 out += self._chunk(chunk)
                 chunk = []
         out += self._chunk(chunk)
-        if add_special and self.vocab.add_eos:
-            out.append(self.vocab.eos_id)
-        return out
+        return self._framed(out, add_special)
+
+    def _framed(self, ids: list[int], add_special: bool) -> list[int]:
+        """``ids`` with BOS (and EOS) where the vocabulary wants them, if ``add_special``, as llama.cpp adds them."""
+        if not add_special:
+            return ids
+        return [self.vocab.bos_id] * self.vocab.add_bos + ids + [self.vocab.eos_id] * self.vocab.add_eos
 
     def _chunk(self, parts: Sequence[Part]) -> list[int]:
         """Parts without control-token text in their runs, tokenized in one call (see ``ids``)."""
@@ -130,12 +148,27 @@ class PromptTokenizer:
             return ids
         out: list[int] = []  # NOTE: not expected; kept so that no run can ever yield a control token
         for p in parts:
-            out += self.vocab.tokenize(p, False, False) if isinstance(p, str) else [p.id]
+            out += self._as_text(p) if isinstance(p, str) else [p.id]
         return out
+
+    def _plain(self, text: str) -> list[int]:
+        return self.vocab.tokenize(text, add_special=False, parse_special=False)
+
+    def _as_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` as text: llama.cpp without special parsing, at most ``CHUNK`` of the control
+        tokens it matches anyway (``in_any_text``) a call, each spelled out as the ids of its text (see the
+        module doc). A batch starts at such a token, where llama.cpp cuts the text anyway: the same ids as
+        one call (unless two occurrences overlap there: text either way)."""
+        ids: list[int] = []
+        for batch in self.controls.batches(text, CHUNK):
+            ids += self._plain(batch)
+        if self._spelled.keys().isdisjoint(ids):
+            return ids
+        return [t for token in ids for t in self._spelled.get(token, (token,))]
 
     def text_ids(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         """Token ids of raw text; ``parse_special`` turns every control token's text into the token
         (found here in linear time, not by llama.cpp's quadratic search)."""
         if not parse_special:
-            return self.vocab.tokenize(text, add_special=add_special, parse_special=False)
+            return self._framed(self._as_text(text), add_special)
         return self.ids(self.controls.split(text, marked=False), add_special)

@@ -109,19 +109,33 @@ SPECIAL_TOKEN_NAMES += ("fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "
 
 
 class SpecialText(NamedTuple):
-    """A token that llama.cpp finds in text only when asked to parse special tokens (control or unknown).
+    """A control token: one that caller text must never become (``service.model.prompt_tokens``).
 
     ``lstrip``/``rstrip``: llama.cpp drops the whitespace before / after it when it is parsed.
+    ``in_any_text``: llama.cpp matches its text even without special parsing (a control token its
+    loader retyped as user-defined, ``RETYPED_CONTROL``), so text must be kept from becoming it.
     """
 
     id: int
     text: str
     lstrip: bool = False
     rstrip: bool = False
+    in_any_text: bool = False
 
 
 # Tokens llama.cpp's tokenizer skips when parse_special is false (user-defined tokens are matched either way).
 _PARSED_ONLY = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN
+# NOTE: gpt-oss's harmony markers are control tokens in its GGUF (tokenizer.ggml.token_type), but
+# llama.cpp's loader retypes them to user-defined, which it matches in any text: llama-vocab.cpp's
+# "quick hack for gpt-oss, always render these tokens" (<|channel|>, <|message|>, <|start|>,
+# <|constrain|>, by name) and its o200k_harmony workaround that takes <|end|> off the end-of-generation
+# tokens when <|return|> and <|call|> are on them. They count as control tokens when llama.cpp reports
+# them user-defined. A list, not the GGUF's own token_type array: the gguf package parses every
+# metadata array to read one (5 s for SmolLM2's 49k tokens; gpt-oss has 201k tokens and 446k merges),
+# at every load, while llama.cpp itself picks these by name; tests/unit/model/test_harmony_tokens.py
+# fails if a llama.cpp upgrade retypes another of gpt-oss's control tokens. A model whose GGUF has one
+# of these names as a user-defined token only gets it kept out of caller text, as a control token is.
+RETYPED_CONTROL = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"})
 
 
 class Vocab:
@@ -172,14 +186,20 @@ class Vocab:
         return list(buf[:n])
 
     def special_texts(self) -> list[SpecialText]:
-        """Every token whose text llama.cpp turns into that token only with ``parse_special``: the
-        vocabulary's control tokens (chat markers, BOS/EOS, ...) and its unknown token, by id."""
+        """The vocabulary's control tokens (chat markers, BOS/EOS, ...) and its unknown token, by id:
+        those whose text llama.cpp turns into them only with ``parse_special``, and the control tokens
+        its loader retyped to user-defined (``RETYPED_CONTROL``, ``in_any_text``)."""
         out = []
         for t in range(self.n_vocab):
             attr = L.llama_vocab_get_attr(self.ptr, t)
-            if attr & _PARSED_ONLY and (text := L.llama_vocab_get_text(self.ptr, t)):
+            if not (attr & (_PARSED_ONLY | L.LLAMA_TOKEN_ATTR_USER_DEFINED)):
+                continue
+            text = (L.llama_vocab_get_text(self.ptr, t) or b"").decode("utf-8", "replace")
+            if attr & _PARSED_ONLY and text:
                 lstrip, rstrip = bool(attr & L.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & L.LLAMA_TOKEN_ATTR_RSTRIP)
-                out.append(SpecialText(t, text.decode("utf-8", "replace"), lstrip, rstrip))
+                out.append(SpecialText(t, text, lstrip, rstrip))
+            elif text in RETYPED_CONTROL:
+                out.append(SpecialText(t, text, in_any_text=True))
         return out
 
     def ll_tokenizer(self) -> Any:

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]  # "<s>": the BOS of add_bos=True
+# gpt-oss's (o200k_harmony's) chat tokens, all control in its GGUF; llama.cpp's loader retypes five of them.
+HARMONY_CONTROL = ["<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                   "<|constrain|>", "<|return|>", "<|call|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
     "+ '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"

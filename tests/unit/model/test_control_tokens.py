@@ -68,6 +68,34 @@ def test_mark_characters_are_chosen_outside_the_template_and_tokens() -> None:
         ControlTokens([SpecialText(1, "<\ue000>")], MARKS)
 
 
+# Tokens llama.cpp matches in any text (gpt-oss's retyped markers); "<s|s>x" holds both, overlapping.
+S, SX, C = SpecialText(4, "<s|s>", in_any_text=True), SpecialText(5, "|s>x", in_any_text=True), SpecialText(6, "<c>")
+CUT_PIECES = ["<s|s>", "|s>x", "<c>", "<", "s", "|", ">", "x", " "]
+
+
+@settings(max_examples=300, derandomize=True)
+@given(text=st.lists(st.sampled_from(CUT_PIECES), min_size=1, max_size=30).map("".join))
+def test_pieces_join_to_the_text_and_none_holds_a_token_matched_in_any_text(text: str) -> None:
+    pieces = controls(S, SX, C).pieces(text)
+    assert "".join(pieces) == text and all(pieces)
+    assert not [p for p in pieces if "<s|s>" in p or "|s>x" in p]
+
+
+def test_pieces_cut_one_character_into_each_occurrence_overlapping_ones_too() -> None:
+    c = controls(S, SX, C)
+    assert c.pieces("a<s|s>b") == ["a<", "s|s>b"]
+    assert c.pieces("<s|s>x|s>x") == ["<", "s|", "s>x|", "s>x"]  # <s|s> and |s>x overlap; |s>x again
+    assert c.pieces("<c> <c>") == ["<c> <c>"]  # a control token llama.cpp matches only when parsing specials
+    assert controls().pieces("<a>x<a>") == ["<a>x<a>"]  # a vocabulary without such tokens: never cut
+
+
+def test_batches_cut_before_every_nth_occurrence_so_none_holds_more() -> None:
+    c = controls(S, SX, C)
+    assert c.batches("<s|s>a<s|s>b<s|s>c", 2) == ["<s|s>a<s|s>b", "<s|s>c"]
+    assert c.batches("a<s|s>b<c>|s>xc", 1) == ["a<s|s>b<c>", "|s>xc"]
+    assert c.batches("<c><c><c>", 1) == ["<c><c><c>"]
+
+
 @pytest.fixture(scope="module")
 def chatml(tiny_vocab: Any) -> PromptTokenizer:
     return PromptTokenizer(tiny_vocab, ChatTemplate(tiny_vocab.chat_template, tiny_vocab.bos_text, tiny_vocab.eos_text))

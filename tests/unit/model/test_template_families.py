@@ -23,7 +23,7 @@ from service.model.chat import Chat, ChatTemplate, ChatTemplateError
 from service.model.prompt_tokens import PromptTokenizer
 from service.model.runner import Vocab
 from tests.support.chat_templates import chat_template
-from tests.support.tiny_vocab import Family, build
+from tests.support.tiny_vocab import HARMONY_CONTROL, Family, build
 
 _template = chat_template  # llama.cpp's models/templates/ from the pinned sdist (`make templates`)
 
@@ -59,6 +59,10 @@ FAMILIES: dict[str, tuple[Family, bool]] = {
         ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
         "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", _template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"),
         ["<think>", "</think>"]), True),
+    # NOTE: llama.cpp retypes five of these user-defined on load (RETYPED_CONTROL); they are still control tokens.
+    "gpt-oss": (Family(
+        "openai-gpt-oss-120b-tiny", HARMONY_CONTROL, "<|startoftext|>", "<|return|>", _template("openai-gpt-oss-120b")),
+        False),
 }
 
 TOOLS = ('You can call these functions:\n<tools>\n{"name": "get_weather", "parameters": {"type": "object"}}\n'
@@ -156,7 +160,8 @@ def test_the_code_before_turned_such_content_into_control_tokens(family: Any) ->
 
 CONTENT = st.lists(
     st.one_of(st.sampled_from(["<|im_end|>", "<|eot_id|>", "[INST]", "<end_of_turn>", "<|user|>", "<｜User｜>",
-                               "<think>", "\n", "  ", "a", "é", "\ue000", "\ue001", "\ue002"]),
+                               "<think>", "<|start|>", "<|end|>", "<|message|>", "\n", "  ", "a", "é",
+                               "\ue000", "\ue001", "\ue002"]),
               st.text(max_size=6)),
     max_size=12,
 ).map("".join)
