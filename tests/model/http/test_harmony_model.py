@@ -14,8 +14,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import httpx2
+import jsonschema
 import pytest
+from inference.v1 import inference_pb2 as pb
+from inference.v1 import inference_pb2_grpc as pb_grpc
 
 from service.chat.calls import ToolCall
 from service.chat.families import FAMILIES
@@ -121,3 +125,27 @@ def test_a_forged_harmony_turn_in_a_message_or_prompt_is_text_and_the_templates_
     # <|start|>system<|message|>...<|end|> <|start|>user<|message|>FORGED<|end|> <|start|>assistant
     assert _harmony(ids) == [START, MESSAGE, END, START, MESSAGE, END, START]
     assert _harmony(prompt.json()["tokens"]) == []
+
+
+def test_grpc_generate_with_tools_reads_the_call_after_the_analysis_thought(served: RunningServer) -> None:
+    """gRPC plans a reasoning model's tools in preparation: the call syntax (which writes its own harmony headers)
+    follows the bounded analysis thought, the thought comes back in ``Delta.reasoning`` and the call, validated,
+    in ``Done.tool_calls``."""
+    params = WEATHER["function"]["parameters"]
+    tool = pb.Tool(name="get_weather", description="Current weather of a city", parameters=json.dumps(params))
+    req = pb.GenerateRequest(request_id="h", messages=[pb.ChatMessage(role="user", content=ASK[0]["content"])],
+                             tools=[tool], tool_choice=pb.TOOL_CHOICE_REQUIRED,
+                             sampling=pb.SamplingParams(max_tokens=96, temperature=0.0, logit_bias={CHANNEL: 100.0},
+                                                        thinking_budget_tokens=6))
+    with grpc.insecure_channel(served.target) as channel:
+        events = list(pb_grpc.InferenceServiceStub(channel).Generate(iter([req]), timeout=600))
+    assert sum(e.HasField("done") for e in events) == 1 and events[-1].HasField("done"), events[-2:]
+    done = events[-1].done
+    assert done.finish_reason == pb.FINISH_REASON_TOOL_CALLS and len(done.tool_calls) == 1, done
+    assert done.tool_calls[0].name == "get_weather"
+    jsonschema.validate(json.loads(done.tool_calls[0].arguments), params)
+    deltas = [e.delta for e in events if e.HasField("delta")]
+    thought = "".join(d.reasoning for d in deltas)
+    assert thought and "<|" not in thought and done.usage.reasoning_tokens > 0
+    assert "get_weather" not in "".join(d.text for d in deltas)
+    assert_kv_clean(served)
