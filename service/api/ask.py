@@ -64,7 +64,8 @@ class Ask:
 
     @property
     def after_thought(self) -> bool:
-        """Once prepared: the answer's constraint follows a thought in the output's grammar."""
+        """Once prepared: the answer's constraint follows a thought (or a family's answer header) in the output's
+        grammar."""
         return self.thought is not None and bool(self.thought.lark)
 
     @property

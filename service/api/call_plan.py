@@ -7,7 +7,8 @@ and read back into calls (``service.api.call_events``), as the HTTP API does:
 * ``TOOL_CHOICE_AUTO`` (or unset): free text until the family's trigger, then calls;
 * ``TOOL_CHOICE_REQUIRED``: calls from the first token; ``TOOL_CHOICE_FUNCTION``: one
   call of ``tool_choice_function``;
-* ``TOOL_CHOICE_NONE``: the tools are left out of the prompt (``Ask.generate``);
+* ``TOOL_CHOICE_NONE``: the tools are left out of the prompt (``Ask.generate``), and
+  the answer is text (under a ``response_format``, if one is given);
 * with a ``response_format`` the tools are only rendered (the caller's format is the
   constraint, nothing is read back: how the HTTP API hands over its own grammar).
 
@@ -67,7 +68,9 @@ class CallAsk:
         if not tools and mode != "none" and (self.choice or not self.parallel):
             raise BadRequest("tool_choice and parallel_tool_calls need tools")
         if self.rendered_only:
-            if self.choice or not self.parallel:
+            # NOTE: "none" leaves the tools out, so a format may constrain the text (a family's answer header:
+            # service.api.reasoning)
+            if (self.choice and mode != "none") or not self.parallel:
                 raise BadRequest("tool_choice and parallel_tool_calls cannot be combined with a response_format "
                                  "(the format constrains the output; no calls are read)")
             return

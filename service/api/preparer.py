@@ -89,7 +89,7 @@ class Preparer:
             ids = self.builder.prompt_ids(prompt, messages, ask.tools, kwargs)
         if ask.calls is not None:  # the grammar of the model's call syntax (service.api.call_plan)
             ask.calls.prepare(ask.tools, self.builder.tool_format, self.builder.limits.inputs)
-        if ask.thought is not None:  # the thought, then the answer's grammar (the calls' or the format's)
+        if ask.thought is not None:  # the thought (or header), then the answer's grammar (the calls' or the format's)
             ask.thought.compose(ask.answer_constraint, framed=ask.fmt is None and bool(ask.tools))
         json_output = ask.json_mode or (ask.fmt is not None and ask.fmt[0] == "json_schema")
         params = self.builder.sampling(ask.sampling, len(ids), json_mode=ask.json_mode, json_output=json_output)
@@ -108,13 +108,16 @@ class Preparer:
 
     def _thought(self, ask: Ask, chat: bool) -> str:
         """The template variables to render with: a reasoning model's chat set up in preparation has its thought
-        planned first (``ask.thought``: ``enable_thinking`` from its budget, see ``service.api.reasoning``)."""
+        planned first (``ask.thought``: ``enable_thinking`` from its budget, see ``service.api.reasoning``), as has
+        the answer header of one whose answers open with one (``RequestBuilder.header``) when no call reader reads
+        the answer (no tools in the prompt)."""
         if ask.thought is None:
             return ask.template_kwargs
         sp = ask.sampling
         budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
         b = self.builder
-        return ask.thought.setup(ask.template_kwargs, budget, chat, b.reasoning, b.template.thought_start)
+        header = None if ask.tools else b.header  # NOTE: tool_choice none leaves the tools out (Ask.generate)
+        return ask.thought.setup(ask.template_kwargs, budget, chat, b.reasoning, b.template.thought_start, header)
 
     def _given_ids(self, ask: Ask) -> list[int]:
         """A prompt of the caller's token ids, checked: in the vocabulary, and room left in the context."""

@@ -20,6 +20,16 @@ For a model whose template reasons in markers (``service.chat.thinking``)
   (``json_finish``) there: it is generated under the schema and validated at the
   end as any other. A regex or GBNF constraint after a thought is refused.
 
+A model that does not reason but whose text answers open with a header
+(Functionary v3.2's ``all\\n``: ``Family.answer_open``) is set up the same way
+with its ``Header`` row (``setup``'s ``header``: a plan whose output is the
+answer, CLOSED) when no call reader reads the answer (no tools, or
+``tool_choice`` none): its grammar is the header then the answer's own (free
+text, the JSON Schema, the Lark grammar), its reader drops the header, so the
+content (a JSON document too) is the text after it; nothing is counted as
+reasoning. A regex or GBNF (which constrain the whole output, header and all)
+and a JSON Schema that does not parse leave the request as it is, without a plan.
+
 Two ways in: ``plan`` sets up a ``GenerateRequest`` whose constraint is all in
 its ``response_format`` (the HTTP dialects, which write their tools' grammar
 there first); a gRPC request is set up in the prepare stage's worker thread
@@ -65,6 +75,11 @@ class ThoughtPlan:
     def reader(self) -> ThoughtReader:
         return self.reasoning.reader(self.start)
 
+    @property
+    def headed(self) -> bool:
+        """The plan of a family's answer header (a ``Header`` row: no thought markers), not of a thought."""
+        return not self.reasoning.thinking.open
+
     def thought_tokens(self, ids: list[int], still: bool) -> int:
         """How many of a delta's token ids, read while in the thought, are the thought's (its markers
         included): all while it goes on (``still``); those up to the end marker when that is one token.
@@ -93,19 +108,34 @@ def _answer_grammar(constraint: tuple[str, str] | None) -> str | None:
 
 
 def output_grammar(thought: ThoughtPlan, constraint: tuple[str, str] | None, framed: bool = False) -> str | None:
-    """The Lark grammar of the whole output: the thought (at most its budget), then the answer under
-    ``constraint`` (see ``_answer_grammar``; ``framed``: it is the tools' call syntax, which writes its own message
-    headers: harmony's); None when ``constraint`` alone is the output's (the output starts in
-    the answer, or neither a budget nor a constraint needs a grammar). Raises BadRequest.
+    """The Lark grammar of the whole output: the thought (at most its budget), or a header plan's header
+    (``ThoughtPlan.headed``), then the answer under ``constraint`` (see ``_answer_grammar``; ``framed``: it is the
+    tools' call syntax, which writes its own message headers: harmony's); None when ``constraint`` alone is the
+    output's (the output starts in the answer, or neither a budget nor a constraint needs a grammar; a header
+    before a regex or GBNF). Raises BadRequest.
 
     NOTE: a JSON Schema that does not parse keeps its own constraint, so that its compile refuses it with its own
     message rather than a thought followed by free text hiding it."""
+    if thought.headed and constraint is not None and constraint[0] not in ("json_schema", "lark"):
+        return None  # NOTE: a regex or GBNF constrains the whole output, header and all
     answer = _answer_grammar(constraint)
-    if thought.start is Start.CLOSED or (constraint is not None and answer is None):
+    if constraint is not None and answer is None:
         return None
-    if answer is None and thought.budget is None:
+    if not thought.headed and (thought.start is Start.CLOSED or (answer is None and thought.budget is None)):
         return None
-    return thought.reasoning.grammar(thought.start, thought.budget, answer, framed=framed)
+    try:
+        return thought.reasoning.grammar(thought.start, thought.budget, answer, framed=framed)
+    except ValueError as exc:  # NOTE: a caller's Lark grammar without a start rule
+        raise BadRequest(f"lark_grammar: {exc}") from None
+
+
+def _composed(thought: ThoughtPlan, constraint: tuple[str, str] | None,
+              framed: bool) -> tuple[ThoughtPlan | None, str | None]:
+    """(the plan, the whole output's grammar: ``output_grammar``); a header plan whose header the grammar cannot
+    write (a regex, GBNF, a JSON Schema that does not parse) is no plan: its reader would drop a header that may
+    not be there. Raises BadRequest."""
+    lark = output_grammar(thought, constraint, framed)
+    return (None, None) if thought.headed and lark is None else (thought, lark)
 
 
 def _variables(kwargs: str) -> dict[str, Any] | None:
@@ -121,14 +151,18 @@ def _variables(kwargs: str) -> dict[str, Any] | None:
 
 
 def setup(kwargs: str, budget: int | None, chat: bool, reasoning: Reasoning | None,
-          start_of: StartOf) -> tuple[ThoughtPlan | None, str]:
+          start_of: StartOf, header: Reasoning | None = None) -> tuple[ThoughtPlan | None, str]:
     """The thought plan of a request with template variables ``kwargs`` (JSON text), thinking budget ``budget``
     and a chat (``chat``) or a raw prompt, and the variables to render it with (``enable_thinking`` set, see the
-    module doc); the plan is None when the model does not reason or the request is no chat. Raises BadRequest."""
+    module doc); the plan is None when the model does not reason (and ``header`` is None) or the request is no
+    chat. ``header``: the family's answer header of a model that does not reason (``RequestBuilder.header``),
+    given when no call reader reads the answer. Raises BadRequest."""
     if budget is not None and not chat:
         raise BadRequest("thinking_budget_tokens needs chat messages (a raw prompt is text to continue)")
     if reasoning is None or not chat:
-        return None, kwargs  # NOTE: a model that does not reason in markers: a budget has nothing to bound
+        # NOTE: a model that does not reason in markers: a budget has nothing to bound; its answer header (if
+        # any) is read as the answer of an output that starts there
+        return (ThoughtPlan(header, Start.CLOSED) if header is not None and chat else None), kwargs
     given = _variables(kwargs)
     variables = given if given is not None else {}
     effort = variables.get("reasoning_effort")
@@ -147,53 +181,58 @@ def setup(kwargs: str, budget: int | None, chat: bool, reasoning: Reasoning | No
     return ThoughtPlan(reasoning, start, budget), kwargs
 
 
-def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf) -> ThoughtPlan | None:
+def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf,
+         header: Reasoning | None = None) -> ThoughtPlan | None:
     """Set up ``request``, whose constraint is all in its ``response_format`` (the HTTP dialects put their tools'
-    grammar there), for a reasoning model (see the module doc; changes its variables, its budget's effect and its
-    response format); the plan its answer is read by, None when the model does not reason or the request has no
-    messages. Raises BadRequest. A request whose tools' grammar is planned in preparation (gRPC) is set up there
-    instead (``ThoughtAsk``)."""
+    grammar there), for a reasoning model, or one whose answers open with ``header`` (see ``setup`` and the
+    module doc; changes its variables, its budget's effect and its response format); the plan its answer is read
+    by, None when the model does not reason (nor has a header) or the request has no messages. Raises BadRequest.
+    A request whose tools' grammar is planned in preparation (gRPC) is set up there instead (``ThoughtAsk``)."""
     sp = request.sampling
     budget = sp.thinking_budget_tokens if sp.HasField("thinking_budget_tokens") else None
+    calls = bool(request.tools) and request.tool_choice != pb.TOOL_CHOICE_NONE  # NOTE: "none" reads no calls
     thought, request.chat_template_kwargs = setup(request.chat_template_kwargs, budget, bool(request.messages),
-                                                  reasoning, start_of)
+                                                  reasoning, start_of, None if calls else header)
     if thought is None:
         return None
     constraint = response_format(request.response_format)
-    if request.tools and constraint is None and thought.budget is not None and thought.start is not Start.CLOSED:
+    if calls and constraint is None and thought.budget is not None and thought.start is not Start.CLOSED:
         # NOTE: the tools' grammar is not in the request: a thought's grammar here would stand in for it and the
         # calls would come back unread; refused rather than silently degraded
         raise BadRequest("thinking_budget_tokens with tools needs the tools' grammar as the response_format, or "
                          "the request set up in preparation (Ask.generate(..., reasons=True))")
-    lark = output_grammar(thought, constraint, framed=bool(request.tools))
+    composed, lark = _composed(thought, constraint, framed=calls)
     if lark is not None:
         request.response_format.CopyFrom(pb.ResponseFormat(lark_grammar=lark))
         sp.ClearField("json_finish")
         sp.ClearField("json_repeat_penalty")
-    return thought
+    return composed
 
 
 @dataclass(eq=False)
 class ThoughtAsk:
-    """A request whose reasoning is set up in the prepare stage (gRPC ``Generate`` and ``GenerateJSON``): there,
-    ``setup`` gives its plan and the variables it is rendered with, ``compose`` the grammar of its whole output
-    once its own constraint or its tools' grammar is known. NOTE: written once by the prepare stage's worker thread,
-    which the event loop awaits before any event of the request exists; the front end reads it from its events."""
+    """A request whose reasoning (or answer header) is set up in the prepare stage (gRPC ``Generate`` and
+    ``GenerateJSON``): there, ``setup`` gives its plan and the variables it is rendered with, ``compose`` the
+    grammar of its whole output once its own constraint or its tools' grammar is known. NOTE: written once by the
+    prepare stage's worker thread, which the event loop awaits before any event of the request exists; the front
+    end reads it from its events."""
 
     plan: ThoughtPlan | None = None
     lark: str = ""  # the whole output's grammar ("": the request's own constraint stands)
 
     def setup(self, kwargs: str, budget: int | None, chat: bool, reasoning: Reasoning | None,
-              start_of: StartOf) -> str:
+              start_of: StartOf, header: Reasoning | None = None) -> str:
         """Worker thread: ``setup`` into ``plan``; the variables to render the request with."""
-        self.plan, kwargs = setup(kwargs, budget, chat, reasoning, start_of)
+        self.plan, kwargs = setup(kwargs, budget, chat, reasoning, start_of, header)
         return kwargs
 
     def compose(self, constraint: tuple[str, str] | None, framed: bool = False) -> None:
         """Worker thread: the whole output's grammar, its answer under ``constraint`` (``framed``: the tools' call
-        syntax, see ``output_grammar``); raises BadRequest."""
+        syntax, see ``output_grammar``); a header plan whose header it cannot write is dropped. Raises
+        BadRequest."""
         if self.plan is not None:
-            self.lark = output_grammar(self.plan, constraint, framed) or ""
+            self.plan, lark = _composed(self.plan, constraint, framed)
+            self.lark = lark or ""
 
 
 @dataclass

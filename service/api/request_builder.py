@@ -95,6 +95,13 @@ class RequestBuilder:
         return None if thinking is None else Reasoning(thinking, self._bind(thinking.markers()))
 
     @functools.cached_property
+    def header(self) -> Reasoning | None:
+        """The family's answer header in this vocabulary, for a model that does not reason in markers (None:
+        its answers have none, or its reasoning row reads them: ``service.chat.thinking.Header``)."""
+        row = self.template.family.header() if self.template.thinking is None else None
+        return None if row is None else Reasoning(row, self._bind(row.markers()))
+
+    @functools.cached_property
     def shown_bytes(self) -> list[bytes]:
         """Each token's bytes as a chat request sees them: the family's call and thought markers as their text."""
         out = list(self.vocab.token_bytes)

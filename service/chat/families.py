@@ -13,7 +13,11 @@ alphanumeric characters; any other id is mapped to one, the same for a call and 
 result). ``variables``: template variables a family's template needs besides
 ``tools`` (FireFunction's ``functions`` and ``datetime``). ``thought_key``: the
 message field an earlier thought goes to (Hugging Face's ``reasoning_content``;
-gpt-oss's template reads ``thinking``).
+gpt-oss's template reads ``thinking``). ``answer_open``: the header a text answer
+starts with when no call reader reads it (Functionary v3.2's ``all\\n``: its
+prompt ends with ``>>>``, so the output names its recipient first): dropped from
+the content and written by the answer's grammar (``header``, a
+``service.chat.thinking.Header`` row).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from service.chat.calls import ToolCall
 from service.chat.harmony import HarmonyCalls
 from service.chat.recipient_calls import RecipientCalls
 from service.chat.syntax import JsonCalls, Layout, NamedCalls, Syntax
+from service.chat.thinking import Header
 from service.chat.xml_calls import XmlCalls
 
 _ALNUM9 = re.compile(r"^[A-Za-z0-9]{9}$")
@@ -72,6 +77,7 @@ class Family:
     ids: Callable[[str, int], str] | None = None
     variables: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]] | None = None
     thought_key: str = "reasoning_content"
+    answer_open: str = ""
     notes: str = field(default="", compare=False)
 
     def matches(self, source: str) -> bool:
@@ -81,7 +87,12 @@ class Family:
         """The id a template is given for an earlier call (and its result)."""
         return self.ids(call_id, index) if self.ids else call_id
 
+    def header(self) -> Header | None:
+        """The row that reads and writes the family's answer header (None: its answers have none)."""
+        return Header(self.name, answer_open=self.answer_open) if self.answer_open else None
 
+
+FUNCTIONARY = RecipientCalls(Layout(call_open=">>>"), name_close="\n")
 HERMES = JsonCalls(Layout(call_open="<tool_call>\n", call_close="\n</tool_call>", sep="\n"))
 GENERIC = Family("generic", HERMES, notes="Hermes-style <tool_call> JSON, described by the server")
 
@@ -114,8 +125,8 @@ FAMILIES: tuple[Family, ...] = (
                                     name_key="tool_name", args_key="parameters", id_key="tool_call_id",
                                     id_pattern="^[0-9]+$", order=("id", "name", "args"),
                                     id_of=lambda _call, index: str(index)), ("<|START_ACTION|>",)),
-    Family("functionary-v3.2", RecipientCalls(Layout(call_open=">>>"), name_close="\n"),
-           (">>>all", "<|start_header_id|>"), notes="Functionary v3.2: >>>all\\ntext, >>>name\\n{...}"),
+    Family("functionary-v3.2", FUNCTIONARY, (">>>all", "<|start_header_id|>"), answer_open=FUNCTIONARY.text_open,
+           notes="Functionary v3.2: >>>all\\ntext, >>>name\\n{...}"),
     Family("functionary-v3.1", NamedCalls(Layout(call_open="<function=", call_close="</function>"),
                                           name_close=">"), ("<function=", "<|start_header_id|>")),
     Family("qwen3-coder", XmlCalls(Layout(call_open="<tool_call>\n<function=", call_close="</function>\n</tool_call>",

@@ -13,6 +13,11 @@ prompt leaves generation: the final channel's answer, whose header
 (``<|channel|>final<|message|>``) is dropped from the answer and written by the
 answer's grammar (``answer_open``), or a call (``service.chat.harmony``).
 
+A family whose text answers start with a header but which does not think
+(Functionary v3.2's ``all\\n``: ``Family.answer_open``) reads and writes that
+header through the same row as harmony's final channel: a ``Header`` row (no
+thought markers, never in ``MARKERS``), whose output is always the answer.
+
 ``NOTE:`` rows the table leaves out, and why: Gemma 4's ``<|channel>thought``
 (not a built family here); Apriel's ``[BEGIN FINAL RESPONSE]`` has no opening
 marker; Command R7B's ``<|START_THINKING|>`` is a plan before its calls, which
@@ -78,6 +83,21 @@ class Channels(Thinking):
 
     def start(self, tail: str) -> Start:
         return Start.MAYBE
+
+
+@dataclass(frozen=True)
+class Header(Thinking):
+    """A family's answer header with no thought (see the module doc): never detected from a template (the
+    family's own row gives it), and the output is always the answer (CLOSED)."""
+
+    open: str = ""
+    close: str = ""
+
+    def matches(self, source: str) -> bool:
+        return False
+
+    def start(self, tail: str) -> Start:
+        return Start.CLOSED
 
 
 MARKERS: tuple[Thinking, ...] = (

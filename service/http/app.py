@@ -206,7 +206,8 @@ class HttpApi:
         builder = self.intake.builder
         if parsed.output.tools is not None:  # the grammar of the model's own call syntax
             parsed = with_format(parsed, builder.tool_format)
-        parsed = with_reasoning(parsed, builder.reasoning, builder.template.thought_start)  # after the thought
+        # after the thought, or the answer's header
+        parsed = with_reasoning(parsed, builder.reasoning, builder.template.thought_start, builder.header)
         if dialect is self.completion_dialect:
             vocab = self.intake.builder.vocab
             parsed = with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)

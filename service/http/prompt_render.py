@@ -110,7 +110,7 @@ class RenderRoutes:
         if chat:  # NOTE: as the generation route sets it up: a thinking budget or an effort sets enable_thinking
             builder = self.api.intake.builder
             parsed = with_format(parsed, builder.tool_format) if parsed.output.tools else parsed
-            return with_reasoning(parsed, builder.reasoning, builder.template.thought_start)
+            return with_reasoning(parsed, builder.reasoning, builder.template.thought_start, builder.header)
         vocab = self.api.intake.builder.vocab
         return with_vocab(parsed, vocab.n_vocab, vocab.token_bytes)
 

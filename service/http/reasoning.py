@@ -32,9 +32,10 @@ def budget_of(raw: Any, param: str = BUDGET) -> int | None:
     return raw
 
 
-def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf) -> ThoughtPlan | None:
+def plan(request: pb.GenerateRequest, reasoning: Reasoning | None, start_of: StartOf,
+         header: Reasoning | None = None) -> ThoughtPlan | None:
     """``service.api.reasoning.plan``; a refusal is a 400 naming ``response_format``."""
     try:
-        return api_plan(request, reasoning, start_of)
+        return api_plan(request, reasoning, start_of, header)
     except BadRequest as exc:
         raise bad_param("response_format", str(exc)) from None

@@ -133,10 +133,12 @@ def with_format(parsed: Parsed, fmt: ToolFormat) -> Parsed:
     return replace(parsed, output=replace(parsed.output, tools=plan))
 
 
-def with_reasoning(parsed: Parsed, reasoning: Reasoning | None, start_of: StartOf) -> Parsed:
+def with_reasoning(parsed: Parsed, reasoning: Reasoning | None, start_of: StartOf,
+                   header: Reasoning | None = None) -> Parsed:
     """A chat request for a reasoning model: its output read as thought and answer, its grammar (budget,
-    constraint) after the thought (``service.http.reasoning``); unchanged for other models."""
-    thought = plan(parsed.request, reasoning, start_of)
+    constraint) after the thought (``service.http.reasoning``); for a model whose answers open with a header
+    (``header``), its answer read and written after it; unchanged for other models."""
+    thought = plan(parsed.request, reasoning, start_of, header)
     return parsed if thought is None else replace(parsed, output=replace(parsed.output, thought=thought))
 
 
