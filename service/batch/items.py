@@ -86,10 +86,12 @@ FINISH = {
 
 def _output(events: list[Event], thought: ThoughtAsk | None) -> tuple[str | None, str, int]:
     """(thought, answer, the thought's tokens) of a run's output (``thought``: its Ask's, as preparation set it
-    up); the thought is None when the output was not read for one (all of it is the answer)."""
+    up); the thought is None when the output was not read for one (all of it is the answer; a model that does not
+    reason, whose plan only drops an answer header: Functionary v3.2's)."""
     deltas = [e for e in events if isinstance(e, Delta)]
     said, answer, tokens = split_deltas(thought, deltas)
-    return (said if thought is not None and thought.plan is not None else None), answer, tokens
+    reasons = thought is not None and thought.plan is not None and not thought.plan.headed
+    return (said if reasons else None), answer, tokens
 
 
 async def outcome(

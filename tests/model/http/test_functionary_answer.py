@@ -5,7 +5,8 @@ is the text after it, streamed pieces concatenating to the unstreamed content; a
 gives a valid document as the content; the generated tokens (logprobs) show the header the content leaves out; a
 gRPC ``Generate`` request (tools and ``TOOL_CHOICE_NONE``) has the same text as the HTTP content; gRPC
 ``GenerateJSON`` (messages, or a bare prompt rendered as a chat turn) returns a valid document in ``json``, the
-header only in its generated tokens, and no reasoning."""
+header only in its generated tokens, and no reasoning; a BatchService item has the HTTP content as its text and no
+``reasoning``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 
 import grpc
 import pytest
+from inference.v1 import batch_pb2 as bpb
+from inference.v1 import batch_pb2_grpc as bpb_grpc
 from inference.v1 import inference_pb2 as pb
 from inference.v1 import inference_pb2_grpc as pb_grpc
 
@@ -94,3 +97,21 @@ def test_a_grpc_generate_json_document_is_valid_and_holds_no_header(served: Runn
     assert written == "all\n" + resp.json and len(resp.logprobs) == resp.usage.completion_tokens
     assert (resp.reasoning, resp.usage.reasoning_tokens) == ("", 0)
     assert_kv_clean(served)
+
+
+def test_a_batch_service_item_has_the_live_text_without_the_header_and_no_reasoning(served: RunningServer) -> None:
+    """A batch item runs the live request's set-up: its text is the HTTP content (the header dropped), and a model
+    that does not reason has no ``reasoning`` (unset, not empty)."""
+    whole, _ = both(served)
+    item = bpb.BatchItem(custom_id="f", generate=pb.GenerateRequest(
+        messages=[pb.ChatMessage(role="user", content=ASK[0]["content"])],
+        sampling=pb.SamplingParams(max_tokens=24, temperature=0.0)))
+    with grpc.insecure_channel(served.target) as ch:
+        stub = bpb_grpc.BatchServiceStub(ch)
+        created = stub.CreateBatch(iter([bpb.CreateBatchRequest(items=[item])]), timeout=600).batch
+        watched = list(stub.WatchBatch(bpb.WatchBatchRequest(batch_id=created.id, min_interval_ms=50), timeout=600))
+        assert watched[-1].batch.state == bpb.BATCH_STATE_COMPLETED, watched[-1]
+        (result,) = stub.GetBatchResults(bpb.GetBatchResultsRequest(batch_id=created.id), timeout=60)
+    assert not result.HasField("error") and result.text == whole.message.content
+    assert not result.text.startswith("all\n") and not result.HasField("reasoning")
+    assert result.usage.reasoning_tokens == 0
