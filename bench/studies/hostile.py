@@ -21,7 +21,9 @@ last attack (``rss_settle``). The last entry, ``grpc_readers_control``, is not a
 
 Reported per attack: health p50/p99/max (baseline, during), the neighbour's TTFT p50/p99
 (baseline, during) and their ratio, the attack's statuses, 5xx anywhere, descriptors and RSS
-before/after. Targets (the issue's): health max <= 250 ms and p99 < 100 ms, the neighbour's TTFT
+before/after, and the cores the server and this process used in each window (``cores_base``,
+``cores_attack``: ``[server, study]``; the attacker runs in this process, on the same 2 cores, so its
+share is the study's increase over the baseline). Targets (the issue's): health max <= 250 ms and p99 < 100 ms, the neighbour's TTFT
 p99 within 2x of baseline, no 5xx, descriptors and memory back to baseline.
 """
 
@@ -118,17 +120,40 @@ def _rss_mb(pid: int) -> float:
     return round(kb / 1024, 1)
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Cores:
+    """Cores used over a window by the server and by this process (the probes; during an attack, the attacker
+    too: so the attacker's share is the difference from the baseline's), as ``[server, study]``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.t0, self.server0, self.study0 = time.monotonic(), _cpu_s(pid), time.process_time()
+
+    def read(self) -> list[float]:
+        wall = time.monotonic() - self.t0
+        return [round((_cpu_s(self.pid) - self.server0) / wall, 2), round((time.process_time() - self.study0) / wall, 2)]
+
+
 def _run_one(server: GrpcServer, http: str, attack: Attack, attack_s: float) -> dict[str, Any]:
     pid, load1 = server.pid, os.getloadavg()[0]
     fds0, rss0 = _fds(pid), _rss_mb(pid)
     with Probe(http) as base:
+        cores = Cores(pid)
         time.sleep(BASE_S)
+        cores_base = cores.read()
     with Probe(http) as during:
-        t0 = time.monotonic()
+        t0, cores = time.monotonic(), Cores(pid)
         attack.start()
         time.sleep(attack_s)
         wait_until(attack.done, max(0.0, MAX_ATTACK_S - (time.monotonic() - t0)))
         closed = attack.closed_by_server() if isinstance(attack, Sockets) else None
+        cores_attack = cores.read()
         attack.stop()
     wait_until(lambda: _fds(pid) <= fds0 + 2, SETTLE_S)
     statuses = {s: attack.statuses.count(s) for s in sorted(set(attack.statuses))}
@@ -142,6 +167,7 @@ def _run_one(server: GrpcServer, http: str, attack: Attack, attack_s: float) -> 
         "attack_statuses": statuses, "probe_errors": sorted({s for s in probes if s != "200"}),
         "status_5xx": sum(n for s, n in statuses.items() if s.startswith("5")) + sum(s.startswith("5") for s in probes),
         "fds": [fds0, _fds(pid)], "rss_mb": [rss0, _rss_mb(pid)],
+        "cores_base": cores_base, "cores_attack": cores_attack,  # [server, study process]
     }
     if isinstance(attack, Sockets):
         row["sockets"] = {"opened": len(attack.socks), "refused": attack.refused, "closed_by_server": closed}
