@@ -9,15 +9,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-import llguidance as llg
 import pytest
 
 from service.chat.calls import Function, ToolCall, fold
 from service.chat.families import FAMILIES, GENERIC, Family
 from service.chat.harmony import FINAL, HarmonyCalls
-from service.chat.markup import Markup, bind
-from service.model.runner import Vocab
-from tests.support.tiny_vocab import CHAT_TEMPLATE, CONTROL, build
+from service.chat.markup import Markup
+from tests.support.grammar_vocab import GrammarVocab
+from tests.support.tiny_vocab import CHAT_TEMPLATE, CONTROL
 from tests.support.tiny_vocab import Family as VocabFamily
 
 WEATHER = Function("get_weather", {"type": "object", "properties": {
@@ -37,31 +36,20 @@ def calls_of(family: Family) -> list[ToolCall]:
     return CALLS if family.syntax.parallel else CALLS[:1]
 
 
-class Model:
+class Model(GrammarVocab):
     """A tiny vocabulary for one family, its llguidance tokenizer and the markup of the family's markers."""
 
     def __init__(self, family: Family, special: bool, path: Path) -> None:
         markers = family.syntax.markers()
         tokens = sorted({t for m in markers for t in TOKEN.findall(m)}) if special else []
         control = [*CONTROL, *(t for t in tokens if t not in CONTROL)]
-        vf = VocabFamily(f"{family.name}-tiny", control, "<|endoftext|>", "<|im_end|>", CHAT_TEMPLATE)
-        self.vocab = Vocab.load(build(path, family=vf))
-        self.ll = self.vocab.ll_tokenizer()
-        self.markup = bind(markers, lambda t: self.vocab.tokenize(t, False, True), self.ll.is_special_token,
-                           lambda t: self.vocab.piece(t, True).decode("utf-8", "replace"))
+        super().__init__(VocabFamily(f"{family.name}-tiny", control, "<|endoftext|>", "<|im_end|>", CHAT_TEMPLATE),
+                         path, markers)
         self.tokens = tokens
         shown = list(self.vocab.token_bytes)
         for token, text in self.markup.shown().items():
             shown[token] = text
         self.shown = shown
-
-    def ids(self, text: str) -> list[int]:
-        return self.vocab.tokenize(text, add_special=False, parse_special=True)
-
-    def matcher(self, grammar: str) -> Any:
-        m = llg.LLMatcher(self.ll, llg.LLMatcher.grammar_from_lark(grammar))
-        assert not m.is_error(), m.get_error()
-        return m
 
     def text(self, ids: list[int]) -> str:
         return b"".join(self.shown[t] for t in ids).decode()

@@ -7,21 +7,17 @@ thought then the call, the budget forcing ``<|end|><|start|>assistant`` and then
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import llguidance as llg
 import pytest
 
 from service.chat.calls import Function, ToolCall, fold
 from service.chat.families import FAMILIES
-from service.chat.markup import Markup, bind
 from service.chat.thinking import MARKERS, Start
 from service.chat.thought import ThoughtReader, grammar
 from service.model.chat import ChatTemplate
-from service.model.runner import Vocab
 from tests.support.chat_templates import chat_template
+from tests.support.grammar_vocab import GrammarVocab
 from tests.support.tiny_vocab import Family as VocabFamily
-from tests.support.tiny_vocab import build
 
 HARMONY = next(m for m in MARKERS if m.name == "harmony")
 GPT_OSS = next(f for f in FAMILIES if f.name == "gpt-oss")
@@ -96,30 +92,14 @@ def test_the_template_renders_an_earlier_call_as_the_syntax_writes_it_and_the_th
     assert prompt.endswith('<|message|>"12 C"<|end|><|start|>assistant')
 
 
-class Tiny:
+class Tiny(GrammarVocab):
     """A tiny vocabulary with harmony's special tokens, its llguidance tokenizer and the markup of harmony's
     thought and call markers."""
 
     def __init__(self, path: Path) -> None:
         family = VocabFamily("harmony-tiny", SPECIALS, "<|startoftext|>", "<|return|>",
                              chat_template("openai-gpt-oss-120b"))
-        self.vocab = Vocab.load(build(path, family=family))
-        self.ll = self.vocab.ll_tokenizer()
-        self.markup: Markup = bind([*HARMONY.markers(), *GPT_OSS.syntax.markers()],
-                                   lambda t: self.vocab.tokenize(t, False, True), self.ll.is_special_token,
-                                   lambda t: self.vocab.piece(t, True).decode("utf-8", "replace"))
-
-    def ids(self, text: str) -> list[int]:
-        return self.vocab.tokenize(text, add_special=False, parse_special=True)
-
-    def matcher(self, source: str) -> Any:
-        m = llg.LLMatcher(self.ll, llg.LLMatcher.grammar_from_lark(source))
-        assert not m.is_error(), m.get_error()
-        return m
-
-    def accepts(self, source: str, text: str) -> bool:
-        ids, m = self.ids(text), self.matcher(source)
-        return m.validate_tokens(ids) == len(ids) and m.consume_tokens(ids) and m.is_accepting()
+        super().__init__(family, path, [*HARMONY.markers(), *GPT_OSS.syntax.markers()])
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import llguidance as llg
 import pytest
 
 from service.chat.calls import ToolCall
@@ -20,9 +18,9 @@ from service.chat.markup import bind
 from service.chat.thinking import MARKERS, Start, Thinking, detect
 from service.chat.thought import ThoughtReader, grammar
 from service.model.chat import ChatTemplate
-from service.model.runner import Vocab
 from tests.support.chat_templates import TEMPLATES, chat_template
-from tests.support.tiny_vocab import CHAT_TEMPLATE, CONTROL, build
+from tests.support.grammar_vocab import GrammarVocab
+from tests.support.tiny_vocab import CHAT_TEMPLATE, CONTROL
 from tests.support.tiny_vocab import Family as VocabFamily
 
 # template -> (markers, start by default, with enable_thinking true, with enable_thinking false)
@@ -142,25 +140,14 @@ def test_no_piece_shows_part_of_a_marker_split_across_deltas() -> None:
     assert r.feed("ok") == ("", "ok")
 
 
-class Tiny:
+class Tiny(GrammarVocab):
     """A tiny vocabulary whose <think> markers are special tokens (``special``) or text, and its llguidance
     tokenizer."""
 
     def __init__(self, special: bool, path: Path) -> None:
         control = [*CONTROL, "<think>", "</think>"] if special else CONTROL
         family = VocabFamily("think-tiny", control, "<|endoftext|>", "<|im_end|>", CHAT_TEMPLATE)
-        self.vocab = Vocab.load(build(path, family=family))
-        self.ll = self.vocab.ll_tokenizer()
-        self.markup = bind([THINK.open, THINK.close], lambda t: self.vocab.tokenize(t, False, True),
-                           self.ll.is_special_token, lambda t: self.vocab.piece(t, True).decode("utf-8", "replace"))
-
-    def ids(self, text: str) -> list[int]:
-        return self.vocab.tokenize(text, add_special=False, parse_special=True)
-
-    def matcher(self, source: str) -> Any:
-        m = llg.LLMatcher(self.ll, llg.LLMatcher.grammar_from_lark(source))
-        assert not m.is_error(), m.get_error()
-        return m
+        super().__init__(family, path, [THINK.open, THINK.close])
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["special", "text"])
