@@ -4,8 +4,6 @@ user-defined tokens that overlap each other (a real llama.cpp vocabulary, no mod
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
