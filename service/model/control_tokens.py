@@ -19,9 +19,7 @@ markers in 960 KB: 40 s). ``ControlTokens`` does both jobs itself:
   control tokens between them, as llama.cpp's partition does.
 * ``pieces(text)`` cuts text one character into every occurrence of a control
   token that llama.cpp matches in any text (``SpecialText.in_any_text``:
-  gpt-oss's harmony markers), so that no piece holds one whole; ``batches(text,
-  most)`` cuts it before them, so that no batch holds more than ``most``
-  (llama.cpp's search for the tokens it matches is quadratic in their number).
+  gpt-oss's harmony markers), so that no piece holds one whole.
 
 The two characters are chosen per vocabulary and template: private-use code
 points that occur in no token text and nowhere in ``avoid`` (the template).
@@ -42,7 +40,7 @@ C_SPACE = " \t\n\v\f\r"
 _PRIVATE_USE = range(0xE000, 0xF900)
 
 
-def _trie(words: Iterable[str]) -> str:
+def trie(words: Iterable[str]) -> str:
     """A regular expression matching any of ``words``, longest first, without backtracking between them."""
     root: Trie = {}
     for w in words:
@@ -70,7 +68,7 @@ def free_chars(n: int, avoid: str) -> list[str]:
     return out
 
 
-def _cut(text: str, cuts: list[int]) -> list[str]:
+def cut_at(text: str, cuts: list[int]) -> list[str]:
     """``text`` cut at ``cuts`` (ascending, inside the text)."""
     return [text[a:b] for a, b in pairwise([0, *cuts, len(text)])] if cuts else [text]
 
@@ -89,14 +87,14 @@ class ControlTokens:
         self.brk, self.esc = marks
         if any(c in t for t in by_text for c in marks):
             raise ValueError("a mark character occurs in a token text")
-        trie = _trie(by_text) if by_text else "(?!)"
+        words = trie(by_text) if by_text else "(?!)"
         b = re.escape(self.brk)
-        self._find = re.compile(f"(?<!{b}){trie}")
-        self._find_all = re.compile(trie)
-        self._mark = re.compile(f"({b})|(?={trie})")
+        self._find = re.compile(f"(?<!{b}){words}")
+        self._find_all = re.compile(words)
+        self._mark = re.compile(f"({b})|(?={words})")
         # NOTE: a one-character token cannot be cut inside (none is retyped); its occurrences are left whole.
         anywhere = [t for t, s in by_text.items() if s.in_any_text and len(t) > 1]
-        self._anywhere = re.compile(f"(?={_trie(anywhere)})") if anywhere else None
+        self._anywhere = re.compile(f"(?={trie(anywhere)})") if anywhere else None
 
     def escape(self, text: str) -> str:
         """Caller text in which ``split`` finds no control token (``reveal`` gives ``text`` back)."""
@@ -109,12 +107,7 @@ class ControlTokens:
     def pieces(self, text: str) -> list[str]:
         """``text`` cut one character into every occurrence of an ``in_any_text`` token's text (overlapping
         ones too): no piece holds one whole, and the pieces join to ``text``; linear in the text."""
-        return _cut(text, [start + 1 for start in self._starts(text)])
-
-    def batches(self, text: str, most: int) -> list[str]:
-        """``text`` cut before the occurrences of ``in_any_text`` tokens' texts that follow each ``most`` of
-        them: no batch holds more than ``most``, and the batches join to ``text``; linear in the text."""
-        return _cut(text, self._starts(text)[most::most])
+        return cut_at(text, [start + 1 for start in self._starts(text)])
 
     def _starts(self, text: str) -> list[int]:
         """Where an ``in_any_text`` token's text starts in ``text``, in order."""

@@ -20,8 +20,10 @@ control tokens that its loader retypes as user-defined (``RETYPED_CONTROL``), so
 text tokenized without special parsing can still come out as them: every such
 token in the ids of text is spelled out as the ids of its own text, cut inside
 (``ControlTokens.pieces``), so text never becomes one (``_as_text``). llama.cpp's
-search for them is quadratic in their number, so text reaches it in batches of at
-most ``CHUNK`` of them (``ControlTokens.batches``).
+search for user-defined tokens (those, and genuine ones such as Qwen's
+``<tool_call>``, which are text as the vocabulary has them) is quadratic in how
+many occur in one call, so no call holds more than ``CHUNK`` of them: a run holding
+more is cut where that keeps its ids (``UserTokens.batches``).
 
 NOTE: escaping changes only strings that hold a control token's text (or a mark
 character). For those, the render is checked against a second one with other
@@ -38,8 +40,9 @@ from dataclasses import dataclass
 from service.model.chat import Chat, ChatTemplate, ChatTemplateError, conversation
 from service.model.control_tokens import ControlTokens, Part, free_chars
 from service.model.runner import SpecialText, Vocab
+from service.model.user_tokens import UserTokens
 
-# Control tokens per llama.cpp call in ``PromptTokenizer.ids``.
+# Control tokens, and occurrences of user-defined tokens, per llama.cpp call.
 CHUNK = 32
 
 
@@ -66,6 +69,7 @@ class PromptTokenizer:
         self.controls = ControlTokens(specials, (brk, esc))
         self._check = ControlTokens(specials, (brk2, esc2))
         self._special_ids = frozenset(s.id for s in specials)
+        self.users = UserTokens(vocab.user_defined())
         # NOTE: llama.cpp's partition tokenizes the text between the user-defined tokens it matched apart,
         # so spelling a match out as the ids of its text's pieces gives the ids of the text tokenized in
         # pieces cut inside each marker, in a call per ``CHUNK`` markers rather than per piece (a call
@@ -111,24 +115,29 @@ class PromptTokenizer:
         (and EOS) where the vocabulary wants them, as llama.cpp does.
 
         NOTE: llama.cpp spends a fixed ~0.15 ms per call (this model's pre-tokenizer), so runs that hold
-        no control-token text are tokenized together with their control tokens, ``CHUNK`` tokens a
-        call, with special parsing: the same ids as one run a call, with far fewer calls (its
-        quadratic search stays small at that size). A run that holds control-token text (caller text
-        that was escaped) is tokenized on its own as text; a chunk whose control tokens come out other
-        than placed is tokenized again one part a call.
+        no control-token text are tokenized together with their control tokens, up to ``CHUNK`` control
+        tokens and ``CHUNK`` occurrences of user-defined tokens a call, with special parsing: the same
+        ids as one run a call, with far fewer calls (its quadratic search stays small at that size). A
+        run that holds control-token text (caller text that was escaped) or more than ``CHUNK``
+        user-defined tokens is tokenized on its own as text; a chunk whose control tokens come out
+        other than placed is tokenized again one part a call.
         """
         out: list[int] = []
         chunk: list[Part] = []
+        tokens = users = 0  # control tokens, user-defined occurrences in ``chunk``
         for part in parts:
-            if isinstance(part, str) and self.controls.holds_control(part):
+            found = 0
+            if isinstance(part, str):
+                found = self.users.count(part, CHUNK + 1)
+                if found > CHUNK or self.controls.holds_control(part):
+                    out += self._chunk(chunk) + self._as_text(part)
+                    chunk, tokens, users = [], 0, 0
+                    continue
+            if tokens >= CHUNK or users + found > CHUNK:
                 out += self._chunk(chunk)
-                out += self._as_text(part)
-                chunk = []
-                continue
+                chunk, tokens, users = [], 0, 0
             chunk.append(part)
-            if not isinstance(part, str) and len(chunk) >= CHUNK:
-                out += self._chunk(chunk)
-                chunk = []
+            tokens, users = tokens + (not isinstance(part, str)), users + found
         out += self._chunk(chunk)
         return self._framed(out, add_special)
 
@@ -155,12 +164,11 @@ class PromptTokenizer:
         return self.vocab.tokenize(text, add_special=False, parse_special=False)
 
     def _as_text(self, text: str) -> list[int]:
-        """Token ids of ``text`` as text: llama.cpp without special parsing, at most ``CHUNK`` of the control
-        tokens it matches anyway (``in_any_text``) a call, each spelled out as the ids of its text (see the
-        module doc). A batch starts at such a token, where llama.cpp cuts the text anyway: the same ids as
-        one call (unless two occurrences overlap there: text either way)."""
+        """Token ids of ``text`` as text: llama.cpp without special parsing, at most ``CHUNK`` user-defined
+        tokens a call (``UserTokens.batches``: the same ids as one call), each control token it matches
+        anyway (``in_any_text``) spelled out as the ids of its text (see the module doc)."""
         ids: list[int] = []
-        for batch in self.controls.batches(text, CHUNK):
+        for batch in self.users.batches(text, CHUNK):
             ids += self._plain(batch)
         if self._spelled.keys().isdisjoint(ids):
             return ids

@@ -190,16 +190,32 @@ class Vocab:
         those whose text llama.cpp turns into them only with ``parse_special``, and the control tokens
         its loader retyped to user-defined (``RETYPED_CONTROL``, ``in_any_text``)."""
         out = []
-        for t in range(self.n_vocab):
-            attr = L.llama_vocab_get_attr(self.ptr, t)
-            if not (attr & (_PARSED_ONLY | L.LLAMA_TOKEN_ATTR_USER_DEFINED)):
-                continue
-            text = (L.llama_vocab_get_text(self.ptr, t) or b"").decode("utf-8", "replace")
+        for t, attr, text in self._marked():
             if attr & _PARSED_ONLY and text:
                 lstrip, rstrip = bool(attr & L.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & L.LLAMA_TOKEN_ATTR_RSTRIP)
                 out.append(SpecialText(t, text, lstrip, rstrip))
             elif text in RETYPED_CONTROL:
                 out.append(SpecialText(t, text, in_any_text=True))
+        return out
+
+    def user_defined(self) -> list[SpecialText]:
+        """Every token llama.cpp reports user-defined (``LLAMA_TOKEN_ATTR_USER_DEFINED``), by id, all
+        ``in_any_text``: llama.cpp matches their text in any text it tokenizes, special parsing or not
+        (Qwen's ``<tool_call>`` and ``<think>``; gpt-oss's ``RETYPED_CONTROL`` are among them)."""
+        return [
+            SpecialText(t, text, bool(attr & L.LLAMA_TOKEN_ATTR_LSTRIP), bool(attr & L.LLAMA_TOKEN_ATTR_RSTRIP), True)
+            for t, attr, text in self._marked()
+            if attr & L.LLAMA_TOKEN_ATTR_USER_DEFINED and text
+        ]
+
+    def _marked(self) -> list[tuple[int, int, str]]:
+        """``(id, attributes, text)`` of the tokens llama.cpp's tokenizer matches by text (control,
+        unknown, user-defined), by id."""
+        out = []
+        for t in range(self.n_vocab):
+            attr = L.llama_vocab_get_attr(self.ptr, t)
+            if attr & (_PARSED_ONLY | L.LLAMA_TOKEN_ATTR_USER_DEFINED):
+                out.append((t, attr, (L.llama_vocab_get_text(self.ptr, t) or b"").decode("utf-8", "replace")))
         return out
 
     def ll_tokenizer(self) -> Any:

@@ -89,13 +89,6 @@ def test_pieces_cut_one_character_into_each_occurrence_overlapping_ones_too() ->
     assert controls().pieces("<a>x<a>") == ["<a>x<a>"]  # a vocabulary without such tokens: never cut
 
 
-def test_batches_cut_before_every_nth_occurrence_so_none_holds_more() -> None:
-    c = controls(S, SX, C)
-    assert c.batches("<s|s>a<s|s>b<s|s>c", 2) == ["<s|s>a<s|s>b", "<s|s>c"]
-    assert c.batches("a<s|s>b<c>|s>xc", 1) == ["a<s|s>b<c>", "|s>xc"]
-    assert c.batches("<c><c><c>", 1) == ["<c><c><c>"]
-
-
 @pytest.fixture(scope="module")
 def chatml(tiny_vocab: Any) -> PromptTokenizer:
     return PromptTokenizer(tiny_vocab, ChatTemplate(tiny_vocab.chat_template, tiny_vocab.bos_text, tiny_vocab.eos_text))
