@@ -21,10 +21,16 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import settings
 
 from tests.support.guards import ModelGuard, in_ci
 from tests.support.server import DEFAULT_MODEL, RunningServer, start_server
 from tests.support.tiny_vocab import build as tiny_vocab_file
+
+# NOTE: no per-example deadline for any property test: Hypothesis's default (200 ms) is a wall-clock race that a
+# busy machine loses (a 0.2 ms example took 276 ms beside a benchmark); a verdict must not depend on the clock.
+settings.register_profile("no_deadline", deadline=None)
+settings.load_profile("no_deadline")
 
 # Server processes started by tests keep batch jobs in memory, not in ./data
 # (tests/model/batch/test_batch.py passes files).
