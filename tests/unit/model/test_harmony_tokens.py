@@ -82,18 +82,10 @@ def test_a_raw_prompt_holding_harmony_markers_is_text_unless_parsing_is_asked(pt
 
 
 def test_a_message_of_80000_markers_is_text_and_reaches_llama_cpp_a_chunk_at_a_time(
-    pt: PromptTokenizer, monkeypatch: pytest.MonkeyPatch
+    pt: PromptTokenizer, calls: list[str]
 ) -> None:
     """llama.cpp's search for the tokens it matches in any text is quadratic in their number (40,000 in one
     call: 3.6 s on the tiny vocabulary): caller text reaches it with at most ``CHUNK`` of them a call."""
-    calls: list[str] = []
-    tokenize = pt.vocab.tokenize
-
-    def spy(text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        calls.append(text)
-        return tokenize(text, add_special, parse_special)
-
-    monkeypatch.setattr(pt.vocab, "tokenize", spy)
     rendered = pt.render([("user", "<|start|>" * 80_000)])
     ids = pt.ids(rendered.parts, add_special=False)
     assert _harmony(ids) == [START, MESSAGE, END, START, MESSAGE, END, START]

@@ -26,20 +26,6 @@ def pt(tmp_path_factory: pytest.TempPathFactory) -> PromptTokenizer:
     return PromptTokenizer(vocab, ChatTemplate(vocab.chat_template, vocab.bos_text, vocab.eos_text))
 
 
-@pytest.fixture
-def calls(pt: PromptTokenizer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts of every llama.cpp tokenize call ``pt`` makes."""
-    seen: list[str] = []
-    tokenize = pt.vocab.tokenize
-
-    def spy(text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        seen.append(text)
-        return tokenize(text, add_special, parse_special)
-
-    monkeypatch.setattr(pt.vocab, "tokenize", spy)
-    return seen
-
-
 def test_the_vocabulary_lists_qwens_user_defined_tokens_and_they_are_not_control_tokens(pt: PromptTokenizer) -> None:
     assert [(s.id, s.text) for s in pt.vocab.user_defined()] == [(len(CONTROL) + i, t) for i, t in enumerate(USER)]
     assert set(pt.specials) == set(CONTROL)
