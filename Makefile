@@ -11,6 +11,15 @@ BENCH_MODEL := models/gemma-3-270m-q4_k_m.gguf
 BENCH_MODEL_1B := models/tinyllama-shape-1.1b-q4_k_m.gguf
 LLAMA_TOOLS := .llama-tools
 ARGS ?=
+# NOTE: ggml's AMX backend, which -march=native turns on for CPUs with AMX (Sapphire Rapids and newer),
+# faults in its first matrix multiply on some virtual machines (llama.cpp issue 20824; seen here on a
+# Firecracker VM: a general protection fault in libggml-cpu at the first decode, every model, ours and
+# llama-server alike). -mno-amx-int8 hides __AMX_INT8__ from ggml and keeps every other native
+# instruction set. Used by the llama-cpp-python build (setup) and by llama-tools alike.
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
+endif
+export LLAMA_CMAKE_ARGS
 
 .PHONY: setup serve test unit lint docs stubs templates model bench-model bench-model-1b llama-tools bench bench-env goodput-env soak polyglot semantic postgres netns kubectl clean help
 
@@ -37,7 +46,8 @@ setup: $(STAMP) stubs model templates
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==25.3
-	$(PIP) install -r requirements.lock
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -r requirements.lock
+	$(PY) scripts/check_llama_build.py
 	$(MAKE) stubs
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)

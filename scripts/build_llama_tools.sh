@@ -38,6 +38,9 @@ CMAKE_ARGS=(
     -DLLAMA_BUILD_TESTS=OFF
     -DLLAMA_BUILD_EXAMPLES=OFF
 )
+# The Makefile's LLAMA_CMAKE_ARGS (x86-64: no AMX backend; see the Makefile's NOTE), as the pip build gets them.
+read -r -a EXTRA <<< "${LLAMA_CMAKE_ARGS:-}"
+CMAKE_ARGS+=("${EXTRA[@]}")
 STAMP_TEXT="llama-cpp-python==$VERSION sdist-sha256=$SHA cmake: ${CMAKE_ARGS[*]}"
 
 all_built() {
