@@ -90,6 +90,7 @@ def build_engine(
         step_timeout_s=config.step_timeout_s,
         speculation=SpecConfig(config.speculative, config.spec_tokens, config.spec_max_running),
         batch_rows_with_interactive=config.batch_rows_with_interactive,
+        long_prompt_tokens=config.long_prompt_tokens,
     )
     return Engine(runner, kv, make_policy(config.scheduling, config.aging_s, fair), engine_config, parts)
 

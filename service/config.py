@@ -33,6 +33,7 @@ class ServerConfig:
     step_tokens: int = 128
     batch_prefill_tokens: int = 64
     batch_rows_with_interactive: int = 0
+    long_prompt_tokens: int = 512
     prefix_cache: bool = True
     prefix_cache_tokens: int = 512
     prefix_host_cache_mib: int = 512
@@ -127,6 +128,9 @@ HELP = {
     "batch_rows_with_interactive": "while interactive requests run or wait, decode at most this many "
     "batch-tier rows per step (skipped rows rotate: they lose a step, not their place; 0 = no cap; "
     "measured at 32 batch streams, 8 cost 30-50%% of batch tok/s for no clear gain in interactive p99)",
+    "long_prompt_tokens": "prompts with more than this many tokens left to compute go after shorter ones of "
+    "their tier and get no first-token step of their own, so a short request never waits for a long prefill "
+    "(0 = arrival order)",
     "prefix_cache": "reuse KV of shared prompt prefixes",
     "prefix_cache_tokens": "most tokens of finished requests kept cached for reuse in the KV pool (idle "
     "cached cells slow other requests a little; what this evicts goes to the host tier, "
@@ -316,6 +320,8 @@ def validate(c: ServerConfig) -> str | None:
         return "--step-tokens must be >= --max-running"
     if c.batch_rows_with_interactive < 0:
         return "--batch-rows-with-interactive must be >= 0"
+    if c.long_prompt_tokens < 0:
+        return "--long-prompt-tokens must be >= 0"
     if c.batch_prefill_tokens < 1:
         return "--batch-prefill-tokens must be >= 1"
     if c.kv_cache_type not in KV_CACHE_TYPES:

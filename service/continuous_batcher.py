@@ -115,6 +115,7 @@ class Engine:
             mixed_step_tokens=runner.mixed_batch_max,
             prompt_rows=runner.prompt_rows,
             batch_rows=BatchRowCap(cap) if cap > 0 else None,
+            long_prompt_tokens=config.long_prompt_tokens or None,
         )
 
     def view(self) -> EngineSnapshot:

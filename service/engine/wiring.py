@@ -38,6 +38,7 @@ class EngineConfig:
     step_timeout_s: float = 60.0  # a step longer than this fails the engine (0 = no watchdog)
     speculation: SpecConfig = field(default_factory=SpecConfig)
     batch_rows_with_interactive: int = 0  # batch decode rows beside interactive work (0: no cap)
+    long_prompt_tokens: int = 0  # prompts with more tokens left go after shorter ones (0: arrival order)
 
 
 @dataclass(frozen=True)

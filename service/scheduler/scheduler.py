@@ -11,8 +11,10 @@ Per-step token budget, in this order::
     |<------------- at most ``mixed_step_tokens`` when decode rows are present ------------->|
 
 so decoding never starves behind prefill, interactive prefill goes before batch
-prefill, and a long prompt is split across steps. A step with no decode rows
-(an idle server's prompt, or an interactive first-token step) may use the whole
+prefill, and a long prompt is split across steps. Inside a tier, prompts with
+more than ``long_prompt_tokens`` left to compute go after the shorter ones, so a
+chat turn never waits for a summarisation's prefill. A step with no decode rows
+(an idle server's prompt, or an interactive short prompt's first-token step) may use the whole
 ``step_tokens``: the runner is fastest on prompt-only batches, and slow on large
 batches that mix decodes with prompts (see ``runner.MIXED_BATCH_MAX``).
 """
@@ -69,6 +71,7 @@ class Scheduler:
         prompt_rows: int = 32,
         clock: Callable[[], float] = time.monotonic,
         batch_rows: BatchRowCap | None = None,
+        long_prompt_tokens: int | None = None,
     ) -> None:
         if step_tokens < max_running:
             raise ValueError("step_tokens must be >= max_running so every running sequence can decode")
@@ -86,6 +89,8 @@ class Scheduler:
         self.preemptions: Counter[tuple[Priority, str]] = Counter()
         self._isolated_last = False
         self.batch_rows = batch_rows  # fewer batch decode rows beside interactive work (None: no cap)
+        # prompts with more than this many tokens left to compute go after shorter ones (None: arrival order)
+        self.long_prompt_tokens = long_prompt_tokens
 
     # -- requests ----------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -149,12 +154,11 @@ class Scheduler:
             step.cap_mixed(self.mixed_step_tokens)
         queue = self.policy.order([s for s in self.waiting if not s.paused and s.may_start()], now)
         for tier in tiers:
-            for seq in prefilling:
-                if tier_of(seq, now) == tier:
-                    step.run(seq, prefill=True)
-            for seq in queue:
-                if tier_of(seq, now) == tier and not step.admit(seq):
-                    break
+            running = [s for s in prefilling if tier_of(s, now) == tier]
+            waiting = [s for s in queue if tier_of(s, now) == tier]
+            admitting = True
+            for part in self._by_length(running, waiting):
+                admitting = self._prefill(step, *part, admitting)
         for seq in self.running:  # speculative tokens not scheduled in full this step are dropped
             item = step.items.get(seq.uid)
             if seq.num_draft and (item is None or not item.draft):
@@ -167,6 +171,46 @@ class Scheduler:
             tuple(self.kv.take_ops()),
             failed,
         )
+
+    def _by_length(
+        self, running: list[Sequence], waiting: list[Sequence]
+    ) -> list[tuple[list[Sequence], list[Sequence]]]:
+        """One tier's prefill candidates as (running, waiting) parts: short prompts, then long ones.
+
+        NOTE: a short prompt arriving while a long one prefills would otherwise wait for the
+        whole long prefill (seconds on a CPU): its time to first token is what users feel,
+        while the long prompt loses one short prefill's worth of tokens. Long prompts still
+        get every token the short ones leave, so they wait only while short prompts keep
+        arriving faster than steps complete (an overload that the queue limits bound).
+        """
+        if self.long_prompt_tokens is None:
+            return [(running, waiting)]
+        parts: tuple[tuple[list[Sequence], list[Sequence]], ...] = (([], []), ([], []))
+        for group, seqs in ((0, running), (1, waiting)):
+            for seq in seqs:
+                parts[self._long_prompt(seq)][group].append(seq)
+        return list(parts)
+
+    def _long_prompt(self, seq: Sequence) -> bool:
+        """More than ``long_prompt_tokens`` prompt tokens left to compute (a waiting one's cached prefix aside)."""
+        limit = self.long_prompt_tokens
+        left = seq.num_tokens - seq.num_computed
+        if limit is None or left <= limit:
+            return False
+        if seq.status is SeqStatus.WAITING and not seq.needs_prompt_rows:
+            left -= self.kv.match_prefix(seq).num_tokens
+        return left > limit
+
+    @staticmethod
+    def _prefill(step: StepBuilder, running: list[Sequence], waiting: list[Sequence], admitting: bool) -> bool:
+        """Chunks of ``running`` prefills, then admissions from ``waiting`` in order; False once one is refused
+        (admission stops for the step, running prefills go on)."""
+        for seq in running:
+            step.run(seq, prefill=True)
+        for seq in waiting if admitting else ():
+            if not step.admit(seq):
+                return False
+        return admitting
 
     def _decode_rows(self, decoding: list[Sequence], now: float) -> list[Sequence]:
         """This step's decode rows: all, or fewer batch-tier ones while interactive work exists."""
@@ -203,7 +247,9 @@ class Scheduler:
         if not self.policy.isolate_first_tokens or self._isolated_last:
             return False
         return any(
-            s.first_token_time is None and self.policy.effective_tier(s, now) is Priority.INTERACTIVE
+            s.first_token_time is None
+            and self.policy.effective_tier(s, now) is Priority.INTERACTIVE
+            and not self._long_prompt(s)
             for s in (*self.waiting, *prefilling)
         )
 

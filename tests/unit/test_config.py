@@ -19,6 +19,7 @@ RULES: list[tuple[dict[str, Any], str]] = [
     ({"kv_lanes": 256}, "--kv-lanes must be greater than --max-running and at most 255"),
     ({"step_tokens": 16, "max_running": 32}, "--step-tokens must be >= --max-running"),
     ({"batch_rows_with_interactive": -1}, "--batch-rows-with-interactive must be >= 0"),
+    ({"long_prompt_tokens": -1}, "--long-prompt-tokens must be >= 0"),
     ({"batch_prefill_tokens": 0}, "--batch-prefill-tokens must be >= 1"),
     ({"kv_cache_type": "q5_1"}, "--kv-cache-type must be one of f16, q8_0, q4_0"),
     ({"block_size": 0}, "--ctx must be at least one block"),
