@@ -436,12 +436,24 @@ class ModelRunner:
             raise ValueError(f"batch of {n} tokens outside 1..{self.step_tokens}")
         self._tok[:n], self._pos[:n], self._sid[:n], self._want[:n] = tokens, positions, lanes, want
         self._batch.n_tokens = n
+        del _errors[:]
         rc = L.llama_decode(self.ctx, self._batch)
         if rc != 0:
-            raise RuntimeError(f"llama_decode failed with code {rc}")
+            raise RuntimeError(f"llama_decode failed with code {rc}: {self._why(positions, lanes)}")
         n_out = int(np.count_nonzero(want))
         ptr = L.llama_get_logits(self.ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab.n_vocab))
+
+    def _why(self, positions: np.ndarray, lanes: np.ndarray) -> str:
+        """llama.cpp's error lines of the failed call, and each lane whose first position in the batch
+        does not follow its last cell (what llama.cpp's batch check requires)."""
+        gaps = []
+        for lane in np.unique(lanes):
+            first = int(positions[lanes == lane].min())
+            last = int(L.llama_memory_seq_pos_max(self.mem, int(lane)))
+            if last >= 0 and first != last + 1:
+                gaps.append(f"lane {int(lane)} starts at {first} after cell {last}")
+        return "; ".join([*_errors[-3:], *gaps[:8]]) or "no reason given"
 
     def apply_kv_ops(self, ops: Iterable[KVOp]) -> None:
         """Apply the KV manager's cell operations in order (``KVOp`` says what each kind does)."""
