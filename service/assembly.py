@@ -7,6 +7,7 @@ Protocol that ``ServerConfig`` satisfies, or plain values) from here or from
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import socket
@@ -33,6 +34,8 @@ from service.threads.adaptive import AdaptiveThreads
 
 if TYPE_CHECKING:
     from service.kv_events.publisher import KVEventPublisher
+
+log = logging.getLogger("service.assembly")
 
 
 def load_runner(config: ServerConfig) -> ModelRunner:
@@ -72,6 +75,13 @@ def build_engine(
     # NOTE: the host tier's budget in tokens, at the cache's own bytes per token (a q8_0 cache's
     # prefixes take about half of f16's host memory, so the same MiB hold about twice the tokens)
     host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
+    swa = runner.sliding_window > 0
+    if swa and host_tokens:
+        # NOTE: llama.cpp saves a sliding-window layer's cells only within the window before the
+        # sequence's last cell, so a spilled prefix used in part would come back without the cells its
+        # window needs: such models keep prefixes in the pool only (pinned, see service.paged_kv).
+        log.info("no host prefix tier: the model has a %d-token sliding window", runner.sliding_window)
+        host_tokens = 0
     events = KVEventLog(kv_events, config.block_size) if kv_events is not None else None
     kv = KVBlockManager(
         runner.n_ctx // config.block_size,
@@ -81,6 +91,7 @@ def build_engine(
         max_cached_blocks=config.prefix_cache_tokens // config.block_size,
         host=HostPrefixes(host_tokens, config.block_size, events=events) if host_tokens else None,
         events=events,
+        pin_lane=runner.pin_lane if swa else None,
     )
     engine_config = EngineConfig(
         max_running=config.max_running,

@@ -120,8 +120,8 @@ HELP = {
     "f16's memory per token) or q4_0 (18 per 32: 0.28x); quantized values turn llama.cpp's flash attention on "
     "(a build or model that cannot use it refuses to start); see docs/benchmarks.md",
     "max_running": "maximum concurrently running sequences (1 = sequential baseline)",
-    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 255: llama.cpp's 256 "
-    "less the host tier's scratch lane; each costs one vocabulary-sized logits row of memory)",
+    "kv_lanes": "llama.cpp sequence ids: running sequences plus holders of cached prefixes (<= 254: llama.cpp's 256 "
+    "less the host tier's scratch lane and the pin of cached blocks; each costs one vocabulary-sized logits row of memory)",
     "block_size": "tokens per KV block",
     "step_tokens": "per-step token budget (decode tokens + prefill chunks)",
     "batch_prefill_tokens": "per-step cap on batch-tier prompt tokens (bounds the wait of arriving interactive work)",
@@ -136,7 +136,8 @@ HELP = {
     "cached cells slow other requests a little; what this evicts goes to the host tier, "
     "--prefix-host-cache-mib)",
     "prefix_host_cache_mib": "host memory (MiB) for prefixes evicted from the KV pool: their cells are "
-    "copied out and copied back on a later hit instead of being computed again (0 = off)",
+    "copied out and copied back on a later hit instead of being computed again (0 = off; always off "
+    "for a model with a sliding window, whose window cells llama.cpp saves only in part)",
     "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",
     "aging_s": "a batch request waiting longer than this is treated as interactive",
     "queue_limit_interactive": "waiting interactive requests before RESOURCE_EXHAUSTED",
@@ -314,8 +315,8 @@ def validate(c: ServerConfig) -> str | None:
     """A message naming the first inconsistent setting, or None."""
     if c.max_running < 1:
         return "--max-running must be >= 1"
-    if not 1 <= c.max_running < c.kv_lanes <= 255:
-        return "--kv-lanes must be greater than --max-running and at most 255"
+    if not 1 <= c.max_running < c.kv_lanes <= 254:
+        return "--kv-lanes must be greater than --max-running and at most 254"
     if c.step_tokens < c.max_running:
         return "--step-tokens must be >= --max-running"
     if c.batch_rows_with_interactive < 0:

@@ -30,6 +30,11 @@ prefill takes ~1.8 s beside an empty cache and 2.1-2.2 s beside ~2,000 cached
 cells of other prefixes; batch-16 decode steps pay 0-6% for 1,700-5,000 idle
 cells. The cap bounds that tax; the host tier (``service.kv.host_prefixes``) keeps
 the chains it evicts, outside the pool.
+
+NOTE: for a model with a sliding window (Gemma 3) ``pin_lane`` must be set: llama.cpp
+would otherwise hand a cached block's cells to new tokens once they are outside its
+holder's window, and a prefix shared from there would lack them (wrong attention, or
+llama_decode -1 when the copy's last cell went); see ``service.kv.window_pins``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 from service.kv.blocks import Block, KVOp, KVStats, PrefixHit, block_hash
 from service.kv.events import AllBlocksCleared, BlockRemoved, KVEvent, KVEventLog, stored_runs
 from service.kv.host_prefixes import HostEntry, HostHit, HostPrefixes, shared_len
+from service.kv.window_pins import WindowPins
 from service.observability.views import KVSnapshot
 from service.request.sequence import Sequence
 
@@ -55,11 +61,13 @@ class KVBlockManager:
         max_cached_blocks: int | None = None,
         host: HostPrefixes | None = None,
         events: KVEventLog | None = None,
+        pin_lane: int | None = None,
     ) -> None:
         """``max_cached_blocks``: most unreferenced blocks kept for reuse (None = no cap);
         ``host``: where evicted chains are spilled (None = they are lost); ``events``: where the
         blocks registered in and taken out of the prefix index are recorded (None: nowhere; the host
-        tier records its own, given the same log)."""
+        tier records its own, given the same log); ``pin_lane``: a sequence id outside the lanes
+        that also holds every registered block's cells (None: none; see the module's last NOTE)."""
         if num_blocks < 1 or block_size < 1 or num_lanes < 1:
             raise ValueError("num_blocks, block_size and num_lanes must be positive")
         if max_cached_blocks is not None and max_cached_blocks < 0:
@@ -71,6 +79,9 @@ class KVBlockManager:
         self.prefix_cache = prefix_cache
         self.host = host if prefix_cache else None
         self.events = events
+        if pin_lane is not None and 0 <= pin_lane < num_lanes:
+            raise ValueError("pin_lane must not be one of the lanes")
+        self.pins = WindowPins(pin_lane, block_size) if pin_lane is not None else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._cache: dict[int, Block] = {}  # hash -> registered block
@@ -194,6 +205,7 @@ class KVBlockManager:
                 block.hash, block.tokens, block.parent = h, toks, parent
                 self._cache[h] = block
                 self._children.setdefault(parent, set()).add(block.id)
+                self._pin(block, seq.lane)
                 stored.append((h, parent, toks))
         if stored and self.events is not None:
             for event in stored_runs(stored, "pool"):
@@ -378,9 +390,18 @@ class KVBlockManager:
         if not self._children[block.parent]:
             del self._children[block.parent]
         block.hash, block.tokens, block.parent = None, (), 0
+        self._unpin(block)
         self._drop_cells(block)
         self._free.append(block.id)
         self.stats.evictions += 1
+
+    def _pin(self, block: Block, lane: int | None) -> None:
+        if self.pins is not None and lane is not None:
+            self._merge_op(self.pins.pin(block, lane))
+
+    def _unpin(self, block: Block) -> None:
+        if self.pins is not None:
+            self._ops += self.pins.unpin(block, lambda bid: min(self.blocks[bid].holders))
 
     def _spill(self, block: Block) -> None:
         """Before the last block of a cached chain goes, save the whole chain to the host tier.

@@ -283,7 +283,7 @@ def _context_params(n_ctx: int, step_tokens: int, n_lanes: int, n_threads: int, 
     params = L.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = params.n_ubatch = step_tokens
-    params.n_seq_max = n_lanes + 1  # the last one is the scratch lane of ``_save``
+    params.n_seq_max = n_lanes + 2  # then the scratch lane of ``_save`` and the pin lane of cached blocks
     # NOTE: llama.cpp sizes its logits buffer as n_vocab x n_outputs_max rows and
     # requires n_outputs_max >= n_seq_max: one row per lane, plus PROMPT_ROWS for
     # steps that need logits at several positions of one sequence (prompt
@@ -341,6 +341,7 @@ class ModelRunner:
         self.model = _load_model(model_path, vocab_only=False)
         self.vocab = Vocab(self.model)
         self.n_ctx_train: int = L.llama_model_n_ctx_train(self.model)
+        self.sliding_window: int = int(L.llama_model_n_swa(self.model))  # 0: no sliding-window layers
         self.kv_cache_type = kv_cache_type
         self.ctx = None
         try:
@@ -358,6 +359,7 @@ class ModelRunner:
         self.n_ctx: int = L.llama_n_ctx(self.ctx)
         self.step_tokens = step_tokens
         self.n_lanes = n_lanes
+        self.pin_lane = n_lanes + 1  # see service.paged_kv's NOTE on sliding windows
         self._spilled: dict[int, ctypes.Array[ctypes.c_uint8]] = {}  # KVOp save/load/drop: key -> state
         self.spilled_bytes = 0  # host memory they hold (read by other threads: a plain int)
         self.n_threads = n_threads

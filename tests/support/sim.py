@@ -70,6 +70,61 @@ class ShadowKV:
         return [t for _p, t in got]
 
 
+@dataclass
+class SlidingShadowKV(ShadowKV):
+    """Both caches of a model with sliding-window layers (Gemma 3): the full cache as ``ShadowKV``,
+    and ``swa``, the window layers' cache, where a new cell may take any cell that one lane alone
+    holds outside that lane's last ``window`` positions (llama.cpp's ``find_slot``, ``swa_full`` or
+    not, judged on the cells as they were before the batch). Here such a cell is always taken, the
+    oldest first: the harshest choice llama.cpp may make. Each ``apply`` starts a batch, as the
+    engine applies its cell operations before each decode.
+
+    ``write`` also makes llama.cpp's batch check (a lane's new cell follows its last one in ``swa``,
+    whose positions are the ones llama.cpp checks), and ``assert_window`` that a lane holds the cells
+    its next token attends to in the window layers.
+    """
+
+    window: int = 4
+    swa: ShadowKV = field(init=False)
+    _before: dict[int, int] = field(init=False, default_factory=dict)  # lane -> last swa position, batch start
+    _fresh: set[int] = field(init=False, default_factory=set)  # swa cells written in this batch
+
+    def __post_init__(self) -> None:
+        self.swa = ShadowKV(self.capacity)
+
+    def apply(self, ops: tuple[KVOp, ...] | list[KVOp]) -> None:
+        assert all(op.kind not in ("save", "load", "drop") for op in ops), "no host tier with a sliding window"
+        super().apply(ops)
+        self.swa.apply(ops)
+        self._before, self._fresh = {}, set()
+        for p, _t, ls in self.swa.cells.values():
+            for ln in ls:
+                self._before[ln] = max(self._before.get(ln, -1), p)
+
+    def write(self, lane: int, pos: int, token: int) -> None:
+        last = max((p for p, _t, ls in self.swa.cells.values() if lane in ls), default=None)
+        assert last is None or last == pos - 1, f"llama_decode -1: lane {lane} writes {pos} after its cell {last}"
+        super().write(lane, pos, token)
+        taken = next((cid for cid, (p, _t, ls) in self.swa.cells.items() if self._reclaimable(cid, p, ls)), None)
+        if taken is not None:
+            del self.swa.cells[taken]
+        self._fresh.add(self.swa._next)
+        self.swa.write(lane, pos, token)
+
+    def _reclaimable(self, cid: int, pos: int, lanes: set[int]) -> bool:
+        if len(lanes) != 1 or cid in self._fresh:
+            return False
+        return self._before.get(next(iter(lanes)), -1) + 1 - pos >= self.window
+
+    def assert_window(self, lane: int, tokens: list[int]) -> None:
+        n = len(tokens)
+        held = {p: t for p, t, ls in self.swa.cells.values() if lane in ls}
+        want = {p: tokens[p] for p in range(max(0, n + 1 - self.window), n)}  # what position n attends to
+        assert {p: held.get(p) for p in want} == want and max(held, default=-1) == n - 1, (
+            f"lane {lane} lacks window cells: holds {sorted(held)[-self.window:]}, needs {sorted(want)}"
+        )
+
+
 def next_token(context: list[int], vocab: int = 50) -> int:
     return hash(tuple(context)) % vocab
 
@@ -89,6 +144,8 @@ def fake_forward(sched: Scheduler, shadow: ShadowKV, plan: Plan) -> dict[int, in
             shadow.write(seq.lane, pos, seq.token_ids[pos])  # type: ignore[arg-type]
         upto = seq.num_computed + item.num_tokens
         assert shadow.lane_tokens(seq.lane) == seq.token_ids[:upto], f"{seq.request_id} sees wrong KV"  # type: ignore[arg-type]
+        if isinstance(shadow, SlidingShadowKV):
+            shadow.assert_window(seq.lane, seq.token_ids[:upto])  # type: ignore[arg-type]
         if item.sample:
             sampled[seq.uid] = next_token(seq.token_ids)
     return sampled

@@ -123,12 +123,34 @@ def _weights(writer: Any, vocab: int, seed: int) -> None:
         writer.add_tensor(name, data)
 
 
-def build(path: Path, add_bos: bool = False, family: Family | None = None, weights: int | None = None) -> Path:
+def _gemma3_weights(writer: Any, vocab: int, seed: int) -> None:
+    """Gemma 3's tensors for two layers 64 wide (the first with the sliding window), seeded as ``_weights``."""
+    import numpy as np
+
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(2):
+        names += [f"blk.{i}.{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                  "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
+                  "ffn_down", "post_ffw_norm")]
+    for j, name in enumerate(names):
+        kind = name.split(".")[-2]
+        dims = {"token_embd": (vocab, 64), "ffn_gate": (128, 64), "ffn_up": (128, 64), "ffn_down": (64, 128)}.get(
+            kind, (64, 64) if kind.startswith("attn_") and not kind.endswith("norm") else (64,))
+        data = np.random.default_rng([seed, j]).standard_normal(dims, dtype=np.float32) * np.float32(0.02)
+        writer.add_tensor(name, np.ones(dims, dtype=np.float32) if len(dims) == 1 else data)
+
+
+def build(
+    path: Path, add_bos: bool = False, family: Family | None = None, weights: int | None = None,
+    window: int | None = None,
+) -> Path:
     """Write the tiny vocabulary to ``path`` (a GGUF file llama.cpp loads with ``vocab_only``).
 
     ``family``: another model family's control and user-defined tokens, name and chat template
     instead of SmolLM2's (the byte tokens and merges stay the same). ``weights``: a seed, to write a
     whole model a server can run (random weights, ``_weights``; a context of 16,384 tokens).
+    ``window``: with ``weights``, a Gemma 3 model instead, whose first layer attends to the last
+    ``window`` positions only (llama.cpp then keeps a second cache for that layer).
     """
     import gguf
 
@@ -143,11 +165,12 @@ def build(path: Path, add_bos: bool = False, family: Family | None = None, weigh
             seen.add(a + b)
     types = [gguf.TokenType.CONTROL] * len(control) + [gguf.TokenType.USER_DEFINED] * len(user)
     types += [gguf.TokenType.NORMAL] * (len(tokens) - len(types))
-    writer = gguf.GGUFWriter(str(path), "llama")
+    arch = "gemma3" if window is not None and weights is not None else "llama"
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(family.name if family else "tiny-vocab")
     writer.add_context_length(2048 if weights is None else 16384)  # NOTE: a model's long chat prompts fit
     writer.add_embedding_length(64)
-    writer.add_block_count(1)
+    writer.add_block_count(2 if arch == "gemma3" else 1)
     writer.add_feed_forward_length(128)
     writer.add_head_count(1)
     writer.add_head_count_kv(1)
@@ -169,7 +192,14 @@ def build(path: Path, add_bos: bool = False, family: Family | None = None, weigh
     writer.add_add_bos_token(add_bos)
     writer.add_add_space_prefix(False)
     writer.add_chat_template(family.template if family else CHAT_TEMPLATE)
-    if weights is not None:
+    if weights is not None and arch == "gemma3":
+        writer.add_key_length(64)
+        writer.add_value_length(64)
+        writer.add_sliding_window(window)
+        writer.add_sliding_window_pattern(2)  # NOTE: llama.cpp's rule: layer i has the window when i % 2 < 1
+        writer.add_rope_freq_base(10_000.0)
+        _gemma3_weights(writer, len(tokens), weights)
+    elif weights is not None:
         writer.add_rope_dimension_count(64)
         _weights(writer, len(tokens), weights)
     writer.write_header_to_file()

@@ -15,8 +15,8 @@ BASE = ServerConfig(model="models/x.gguf", threads=2)
 # (overrides that break exactly one rule, the message naming it); one row per rule of ``validate``.
 RULES: list[tuple[dict[str, Any], str]] = [
     ({"max_running": 0}, "--max-running must be >= 1"),
-    ({"max_running": 64, "kv_lanes": 64}, "--kv-lanes must be greater than --max-running and at most 255"),
-    ({"kv_lanes": 256}, "--kv-lanes must be greater than --max-running and at most 255"),
+    ({"max_running": 64, "kv_lanes": 64}, "--kv-lanes must be greater than --max-running and at most 254"),
+    ({"kv_lanes": 255}, "--kv-lanes must be greater than --max-running and at most 254"),
     ({"step_tokens": 16, "max_running": 32}, "--step-tokens must be >= --max-running"),
     ({"batch_rows_with_interactive": -1}, "--batch-rows-with-interactive must be >= 0"),
     ({"long_prompt_tokens": -1}, "--long-prompt-tokens must be >= 0"),
