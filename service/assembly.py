@@ -75,13 +75,7 @@ def build_engine(
     # NOTE: the host tier's budget in tokens, at the cache's own bytes per token (a q8_0 cache's
     # prefixes take about half of f16's host memory, so the same MiB hold about twice the tokens)
     host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
-    swa = runner.sliding_window > 0
-    if swa and host_tokens:
-        # NOTE: llama.cpp saves a sliding-window layer's cells only within the window before the
-        # sequence's last cell, so a spilled prefix used in part would come back without the cells its
-        # window needs: such models keep prefixes in the pool only (pinned, see service.paged_kv).
-        log.info("no host prefix tier: the model has a %d-token sliding window", runner.sliding_window)
-        host_tokens = 0
+    swa = runner.sliding_window > 0  # NOTE: see service.kv.window_pins
     events = KVEventLog(kv_events, config.block_size) if kv_events is not None else None
     kv = KVBlockManager(
         runner.n_ctx // config.block_size,

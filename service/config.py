@@ -136,8 +136,7 @@ HELP = {
     "cached cells slow other requests a little; what this evicts goes to the host tier, "
     "--prefix-host-cache-mib)",
     "prefix_host_cache_mib": "host memory (MiB) for prefixes evicted from the KV pool: their cells are "
-    "copied out and copied back on a later hit instead of being computed again (0 = off; always off "
-    "for a model with a sliding window, whose window cells llama.cpp saves only in part)",
+    "copied out and copied back on a later hit instead of being computed again (0 = off)",
     "scheduling": "queue policy: priority (interactive before batch, preemption) or fcfs",
     "aging_s": "a batch request waiting longer than this is treated as interactive",
     "queue_limit_interactive": "waiting interactive requests before RESOURCE_EXHAUSTED",

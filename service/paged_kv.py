@@ -207,6 +207,8 @@ class KVBlockManager:
                 self._children.setdefault(parent, set()).add(block.id)
                 self._pin(block, seq.lane)
                 stored.append((h, parent, toks))
+            elif block.hash is None and self.pins is not None:
+                self._adopt(seq, i, self._cache[h])
         if stored and self.events is not None:
             for event in stored_runs(stored, "pool"):
                 self.events.add(event)
@@ -264,16 +266,23 @@ class KVBlockManager:
         assert self.host is not None
         if self.blocks_for(hit.num_tokens + num_new_tokens) > len(self._free) + len(self._evictable):
             return False
+        # NOTE: most recently used before any eviction (taking a lane may evict too): the chains those
+        # spill push others out of the host tier, not this one
+        self.host.use(hit.key)
         lane = self._take_lane(exclude=set())
         if lane is None:
             return False
         self._running_lanes.add(lane)
         seq.lane = lane
-        self.host.use(hit.key)  # most recently used: the evictions below spill others, not this one
         self.stats.host_hit_tokens += self._count_hit(seq, hit.num_tokens)
         ok = self._grow(seq, hit.num_tokens + num_new_tokens)
+        pinned = 0
+        if self.pins is not None:  # NOTE: the whole blocks loaded are pinned as they land (see _adopt's NOTE)
+            pinned = hit.num_tokens // self.block_size * self.block_size
+            for bid in seq.block_table[: pinned // self.block_size]:
+                self.pins.track(self.blocks[bid])
         # NOTE: queued after the growth's evictions, so their cells are free when the copy lands.
-        self._ops.append(KVOp("load", lane, 0, hit.num_tokens, key=hit.key, tokens=hit.tokens))
+        self._ops.append(KVOp("load", lane, 0, hit.num_tokens, key=hit.key, tokens=hit.tokens, pinned=pinned))
         return ok
 
     def _count_hit(self, seq: Sequence, num_tokens: int) -> int:
@@ -390,18 +399,33 @@ class KVBlockManager:
         if not self._children[block.parent]:
             del self._children[block.parent]
         block.hash, block.tokens, block.parent = None, (), 0
-        self._unpin(block)
         self._drop_cells(block)
         self._free.append(block.id)
         self.stats.evictions += 1
 
     def _pin(self, block: Block, lane: int | None) -> None:
-        if self.pins is not None and lane is not None:
-            self._merge_op(self.pins.pin(block, lane))
+        if self.pins is not None and lane is not None and (op := self.pins.pin(block, lane)) is not None:
+            self._merge_op(op)
 
-    def _unpin(self, block: Block) -> None:
-        if self.pins is not None:
-            self._ops += self.pins.unpin(block, lambda bid: min(self.blocks[bid].holders))
+    def _adopt(self, seq: Sequence, i: int, cached: Block) -> None:
+        """With pins: ``seq`` computed its ``i``-th block as the index already holds it; it takes the
+        cached block's cells instead and frees its own.
+
+        NOTE: its own copy would be held by its lane alone, and when llama.cpp gives such a cell to a
+        new token outside the window it purges the lane from every cell before it, cached blocks' too.
+        """
+        assert seq.lane is not None
+        own, src = self.blocks[seq.block_table[i]], min(cached.holders)
+        if cached.ref_count == 0:
+            del self._evictable[cached.id]
+        cached.ref_count += 1
+        own.ref_count = 0
+        self._drop_cells(own)
+        self._free.append(own.id)
+        self._merge_op(KVOp("cp", seq.lane, cached.start, cached.start + self.block_size, src))
+        cached.holders.add(seq.lane)
+        self._lane_blocks[seq.lane].add(cached.id)
+        seq.block_table[i] = cached.id
 
     def _spill(self, block: Block) -> None:
         """Before the last block of a cached chain goes, save the whole chain to the host tier.
@@ -429,6 +453,8 @@ class KVBlockManager:
         self._ops += [KVOp("drop", -1, 0, 0, key=key) for key in self.host.add(entry)]
 
     def _drop_cells(self, block: Block) -> None:
+        if self.pins is not None:  # NOTE: first, while the other pinned blocks' holders are as recorded
+            self._ops += self.pins.unpin(block, lambda bid: min(self.blocks[bid].holders))
         for lane in sorted(block.holders):
             self._merge_op(KVOp("rm", lane, block.start, block.start + self.block_size))
             held = self._lane_blocks[lane]

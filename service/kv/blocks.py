@@ -21,7 +21,8 @@ class KVOp:
     ``rm``: remove lane's cells in [p0, p1); ``cp``: share src's cells in [p0, p1) into lane;
     ``save``: copy lane's cells in [p0, p1) to host memory under ``key``; ``load``: put the
     cells saved under ``key`` into the (empty) lane, keeping [p0, p1), or compute ``tokens``
-    there when they are gone; ``drop``: forget what was saved under ``key``.
+    there when they are gone, the ones before ``pinned`` going to the pin lane too as they land;
+    ``drop``: forget what was saved under ``key``.
     """
 
     kind: Literal["rm", "cp", "save", "load", "drop"]
@@ -31,6 +32,7 @@ class KVOp:
     src: int = -1
     key: int = 0
     tokens: tuple[int, ...] = ()
+    pinned: int = 0
 
 
 def block_hash(parent: int, tokens: tuple[int, ...]) -> int:
@@ -48,6 +50,7 @@ class Block:
     holders: set[int] = field(default_factory=set)  # lanes whose cells hold this block
     last_used: int = 0
     parent: int = 0  # hash of the previous block in its chain (while registered)
+    pinned: bool = False  # its cells are also the pin lane's (service.kv.window_pins)
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,10 @@ KV_CACHE_TYPES: dict[str, tuple[int, int, int]] = {
 }
 
 
+def _nbytes(pieces: list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]]) -> int:
+    return sum(len(buf) for _a, _b, buf in pieces)
+
+
 def kv_row_bytes(kv_cache_type: str, values: int) -> int:
     """Bytes of one cache row of ``values`` values in ``kv_cache_type`` (ggml_row_size)."""
     _, block_bytes, block_values = KV_CACHE_TYPES[kv_cache_type]
@@ -360,7 +364,7 @@ class ModelRunner:
         self.step_tokens = step_tokens
         self.n_lanes = n_lanes
         self.pin_lane = n_lanes + 1  # see service.paged_kv's NOTE on sliding windows
-        self._spilled: dict[int, ctypes.Array[ctypes.c_uint8]] = {}  # KVOp save/load/drop: key -> state
+        self._spilled: dict[int, list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]]] = {}  # key -> (p0, p1, state)
         self.spilled_bytes = 0  # host memory they hold (read by other threads: a plain int)
         self.n_threads = n_threads
         self.mixed_batch_max = MIXED_BATCH_MAX
@@ -468,30 +472,41 @@ class ModelRunner:
                 self._save(op)
             elif op.kind == "load":
                 self._load(op)
-            elif (buf := self._spilled.pop(op.key, None)) is not None:  # drop
-                self.spilled_bytes -= len(buf)
+            elif (pieces := self._spilled.pop(op.key, None)) is not None:  # drop
+                self.spilled_bytes -= _nbytes(pieces)
 
     def _save(self, op: KVOp) -> None:
-        """Copy ``op.lane``'s cells in [p0, p1) to host memory, through the scratch lane (no new cells)."""
-        scratch = self.n_lanes
-        L.llama_memory_seq_cp(self.mem, op.lane, scratch, op.p0, op.p1)
-        size = L.llama_state_seq_get_size(self.ctx, scratch)
-        buf = (ctypes.c_uint8 * size)()
-        if L.llama_state_seq_get_data(self.ctx, buf, size, scratch) == size:
-            old = self._spilled.get(op.key)
-            self._spilled[op.key] = buf
-            self.spilled_bytes += size - (len(old) if old is not None else 0)
-        L.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+        """Copy ``op.lane``'s cells in [p0, p1) to host memory, through the scratch lane (no new cells).
+
+        NOTE: llama.cpp writes a sliding-window layer's cells only within the window before the saved
+        sequence's last cell, so such a model's cells go in pieces of one window each: every cell is
+        saved, and a load of any prefix of them gets the cells its window needs.
+        """
+        scratch, step = self.n_lanes, self.sliding_window or op.p1 - op.p0
+        pieces: list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]] = []
+        for a in range(op.p0, op.p1, max(step, 1)):
+            b = min(a + step, op.p1)
+            L.llama_memory_seq_cp(self.mem, op.lane, scratch, a, b)
+            size = L.llama_state_seq_get_size(self.ctx, scratch)
+            buf = (ctypes.c_uint8 * size)()
+            ok = L.llama_state_seq_get_data(self.ctx, buf, size, scratch) == size
+            L.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+            if not ok:
+                return
+            pieces.append((a, b, buf))
+        old = self._spilled.get(op.key)
+        self._spilled[op.key] = pieces
+        self.spilled_bytes += _nbytes(pieces) - (_nbytes(old) if old is not None else 0)
 
     def _load(self, op: KVOp) -> None:
-        """Put the cells saved under ``op.key`` into the empty ``op.lane``, keeping [p0, p1).
+        """Put the cells saved under ``op.key`` into the empty ``op.lane``, keeping [p0, p1); those
+        before ``op.pinned`` go to the pin lane too, piece by piece, as they land.
 
         NOTE: the saved cells are the computed ones, bit for bit. If they are gone (dropped) or do
         not fit, the tokens are computed instead: slower, never wrong.
         """
-        buf = self._spilled.get(op.key)
-        if buf is not None and L.llama_state_seq_set_data(self.ctx, buf, len(buf), op.lane) > 0:
-            L.llama_memory_seq_rm(self.mem, op.lane, op.p1, -1)
+        pieces = self._spilled.get(op.key)
+        if pieces is not None and self._restore(pieces, op):
             return
         log.warning("a spilled prefix could not be restored; computing its %d tokens", op.p1 - op.p0)
         L.llama_memory_seq_rm(self.mem, op.lane, -1, -1)
@@ -500,6 +515,26 @@ class ModelRunner:
             want = np.zeros(len(chunk), dtype=np.int8)
             want[-1] = 1
             self.decode(chunk, np.arange(i, i + len(chunk)), np.full(len(chunk), op.lane), want)
+            self._pin_range(op.lane, i, min(i + len(chunk), op.pinned))
+
+    def _restore(self, pieces: list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]], op: KVOp) -> bool:
+        """Each saved piece into the scratch lane, then its cells before ``op.p1`` into ``op.lane``."""
+        scratch = self.n_lanes
+        for a, b, buf in pieces:
+            if a >= op.p1:
+                break
+            ok = L.llama_state_seq_set_data(self.ctx, buf, len(buf), scratch) > 0
+            if ok:
+                L.llama_memory_seq_cp(self.mem, scratch, op.lane, a, min(b, op.p1))
+                self._pin_range(scratch, a, min(b, op.pinned))
+            L.llama_memory_seq_rm(self.mem, scratch, -1, -1)
+            if not ok:
+                return False
+        return True
+
+    def _pin_range(self, src: int, p0: int, p1: int) -> None:
+        if p1 > p0:
+            L.llama_memory_seq_cp(self.mem, src, self.pin_lane, p0, p1)
 
     def set_threads(self, n: int) -> None:
         """Compute threads of the following decodes (engine thread only, between decodes)."""

@@ -76,8 +76,9 @@ class SlidingShadowKV(ShadowKV):
     and ``swa``, the window layers' cache, where a new cell may take any cell that one lane alone
     holds outside that lane's last ``window`` positions (llama.cpp's ``find_slot``, ``swa_full`` or
     not, judged on the cells as they were before the batch). Here such a cell is always taken, the
-    oldest first: the harshest choice llama.cpp may make. Each ``apply`` starts a batch, as the
-    engine applies its cell operations before each decode.
+    oldest first: the harshest choice llama.cpp may make; the lane that held it then leaves all its
+    cells up to that position, shared ones too, as llama.cpp purges. Each ``apply`` starts a batch,
+    as the engine applies its cell operations before each decode.
 
     ``write`` also makes llama.cpp's batch check (a lane's new cell follows its last one in ``swa``,
     whose positions are the ones llama.cpp checks), and ``assert_window`` that a lane holds the cells
@@ -85,6 +86,7 @@ class SlidingShadowKV(ShadowKV):
     """
 
     window: int = 4
+    pin_lane: int = -1  # the KV manager's, for the pins a load makes
     swa: ShadowKV = field(init=False)
     _before: dict[int, int] = field(init=False, default_factory=dict)  # lane -> last swa position, batch start
     _fresh: set[int] = field(init=False, default_factory=set)  # swa cells written in this batch
@@ -93,9 +95,29 @@ class SlidingShadowKV(ShadowKV):
         self.swa = ShadowKV(self.capacity)
 
     def apply(self, ops: tuple[KVOp, ...] | list[KVOp]) -> None:
-        assert all(op.kind not in ("save", "load", "drop") for op in ops), "no host tier with a sliding window"
-        super().apply(ops)
-        self.swa.apply(ops)
+        for op in ops:
+            if op.kind in ("save", "load", "drop"):
+                self._host(op)
+            else:
+                ShadowKV.apply(self, [op])
+                self.swa.apply([op])
+        self._snapshot()
+
+    def _host(self, op: KVOp) -> None:
+        """The runner's save / load / drop for such a model: every cell saved (in window-long pieces),
+        and a load's whole blocks given to the pin lane as they land."""
+        if op.kind == "save":
+            got = [p for p, _t, ls in self.swa.cells.values() if op.lane in ls and op.p0 <= p < op.p1]
+            assert sorted(got) == list(range(op.p0, op.p1)), f"lane {op.lane} lacks window cells to save"
+        self._snapshot()
+        self._host_op(op)  # writes a load's cells through ``write``
+        if op.kind == "load" and op.pinned:
+            for cells in (self.cells, self.swa.cells):
+                for p, _t, ls in cells.values():
+                    if op.lane in ls and p < op.pinned:
+                        ls.add(self.pin_lane)
+
+    def _snapshot(self) -> None:
         self._before, self._fresh = {}, set()
         for p, _t, ls in self.swa.cells.values():
             for ln in ls:
@@ -107,9 +129,19 @@ class SlidingShadowKV(ShadowKV):
         super().write(lane, pos, token)
         taken = next((cid for cid, (p, _t, ls) in self.swa.cells.items() if self._reclaimable(cid, p, ls)), None)
         if taken is not None:
-            del self.swa.cells[taken]
+            self._purge(*self.swa.cells.pop(taken))
         self._fresh.add(self.swa._next)
         self.swa.write(lane, pos, token)
+
+    def _purge(self, pos: int, _token: int, lanes: set[int]) -> None:
+        """llama.cpp's purge after taking a lane's cell: the lane leaves every cell up to that position,
+        shared ones too (``apply_ubatch`` keeps each sequence's positions contiguous)."""
+        (lane,) = lanes
+        for cid, (p, _t, ls) in list(self.swa.cells.items()):
+            if p <= pos and lane in ls:
+                ls.discard(lane)
+                if not ls:
+                    del self.swa.cells[cid]
 
     def _reclaimable(self, cid: int, pos: int, lanes: set[int]) -> bool:
         if len(lanes) != 1 or cid in self._fresh:

@@ -15,6 +15,7 @@ import llama_cpp as L
 import numpy as np
 import pytest
 
+from service.kv.blocks import KVOp
 from service.model.runner import ModelRunner
 from service.paged_kv import KVBlockManager
 from service.request.sequence import SamplingParams, Sequence
@@ -80,3 +81,25 @@ def test_a_prefix_shared_after_llama_cpp_reused_window_cells_gives_fresh_logits(
         assert float(np.abs(shared - fresh).max()) < 1e-2
     else:
         assert first > 0, "the steps no longer make llama.cpp reuse a cached cell: the pinned case proves nothing"
+
+
+def test_a_prefix_back_from_the_host_tier_in_part_gives_fresh_logits(gemma3: Path) -> None:
+    """A 64-token chain saved (in window-long pieces), its first 40 tokens loaded into another lane:
+    every cell is back in the window cache and the next token's logits equal a fresh computation's."""
+    runner = ModelRunner(gemma3, n_ctx=1024, step_tokens=128, n_lanes=8, n_threads=2)
+    try:
+        tokens = [int(t) for t in np.random.default_rng(5).integers(10, 400, 64)]
+        last = lambda n: np.r_[np.zeros(n - 1, np.int8), 1].astype(np.int8)  # noqa: E731
+        runner.decode(np.asarray(tokens), np.arange(64), np.zeros(64), last(64))
+        runner.apply_kv_ops([KVOp("save", 0, 0, 64, key=7), KVOp("rm", 0, -1, -1)])
+        assert runner.spilled_bytes > 0
+        runner.apply_kv_ops([KVOp("load", 1, 0, 40, key=7, tokens=tuple(tokens), pinned=32)])
+        window_cells = (L.llama_memory_seq_pos_min(runner.mem, 1), L.llama_memory_seq_pos_max(runner.mem, 1))
+        pin = runner.pin_lane
+        pinned = (L.llama_memory_seq_pos_min(runner.mem, pin), L.llama_memory_seq_pos_max(runner.mem, pin))
+        back = runner.decode(np.asarray(tokens[40:41]), np.arange(40, 41), np.ones(1), last(1))[0].copy()
+        fresh = runner.decode(np.asarray(tokens[:41]), np.arange(41), np.full(41, 2), last(41))[0].copy()
+    finally:
+        runner.close()
+    assert window_cells == (0, 39) and pinned == (0, 31)
+    assert float(np.abs(back - fresh).max()) < 1e-2

@@ -138,3 +138,22 @@ def test_no_chain_is_spilled_that_the_budget_cannot_hold(budget: int) -> None:
     kv, shadow = spilling(host_tokens=budget)
     run(kv, shadow, seq([*system(100), 1]))
     assert shadow.saved == {} and kv.match_prefix(seq([*system(100), 2])).num_tokens == 0
+
+
+def test_a_hit_on_the_least_recently_used_chain_survives_the_spill_its_lane_reclaim_makes() -> None:
+    """Every lane busy or holding a cached chain: admitting a prompt that hits the host tier's oldest
+    chain takes a holder lane, whose chain spills and pushes the oldest chain out of a full tier. The
+    hit is made the most recently used first (it used to be looked up after the spill: KeyError)."""
+    host = HostPrefixes(39, BS, min_blocks=4)  # room for one chain of 20 tokens
+    kv, shadow = KVBlockManager(32, BS, 2, max_cached_blocks=5, host=host), ShadowKV(32 * BS)
+    run(kv, shadow, seq([*system(100), 1]))  # cached in the pool (5 blocks, the cap)
+    run(kv, shadow, seq([*system(200), 1]))  # evicts the first chain: spilled
+    busy = seq([5, 6, 7])
+    assert kv.allocate(busy, kv.match_prefix(busy), 3)  # the other lane runs
+    later = seq([*system(100), 7])
+    hit = kv.match_prefix(later)
+    assert hit.host is not None and hit.num_tokens == 20
+    assert kv.allocate(later, hit, 1)  # reclaims the second chain's lane: it spills too
+    shadow.apply(kv.take_ops())  # the load finds its bytes gone (pushed out after all): computed instead
+    assert shadow.lane_tokens(later.lane) == system(100)  # type: ignore[arg-type]
+    check_integrity(kv, [busy, later])

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import invariant
 
+from service.kv.host_prefixes import HostPrefixes
 from service.kv.integrity import check_integrity
 from service.paged_kv import KVBlockManager
 from service.priority import PriorityPolicy
@@ -74,8 +75,9 @@ class SlidingWindowKVMachine(KVMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVBlockManager(num_blocks=12, block_size=3, num_lanes=5, max_cached_blocks=2, pin_lane=PIN)
-        self.shadow = SlidingShadowKV(36, window=4)
+        host = HostPrefixes(self.host_tokens, block_size=3, min_blocks=1) if self.host_tokens else None
+        self.kv = KVBlockManager(12, 3, 5, max_cached_blocks=self.max_cached_blocks, host=host, pin_lane=PIN)
+        self.shadow = SlidingShadowKV(36, window=4, pin_lane=PIN)
 
     @invariant()
     def integrity(self) -> None:
@@ -88,6 +90,18 @@ class SlidingWindowKVMachine(KVMachine):
 
 TestSlidingWindowKVMachine = SlidingWindowKVMachine.TestCase
 TestSlidingWindowKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class SpillingSlidingWindowKVMachine(SlidingWindowKVMachine):
+    """The same with a cap of 1 block and a host tier of 9 tokens: chains saved whole and loaded back
+    whole or in part, their whole blocks pinned as they land."""
+
+    max_cached_blocks = 1
+    host_tokens = 9
+
+
+TestSpillingSlidingWindowKVMachine = SpillingSlidingWindowKVMachine.TestCase
+TestSpillingSlidingWindowKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 @pytest.mark.parametrize("seed", range(8))
