@@ -75,7 +75,6 @@ def build_engine(
     # NOTE: the host tier's budget in tokens, at the cache's own bytes per token (a q8_0 cache's
     # prefixes take about half of f16's host memory, so the same MiB hold about twice the tokens)
     host_tokens = config.prefix_host_cache_mib * 2**20 // runner.kv_bytes_per_token
-    swa = runner.sliding_window > 0  # NOTE: see service.kv.window_pins
     events = KVEventLog(kv_events, config.block_size) if kv_events is not None else None
     kv = KVBlockManager(
         runner.n_ctx // config.block_size,
@@ -85,7 +84,7 @@ def build_engine(
         max_cached_blocks=config.prefix_cache_tokens // config.block_size,
         host=HostPrefixes(host_tokens, config.block_size, events=events) if host_tokens else None,
         events=events,
-        pin_lane=runner.pin_lane if swa else None,
+        pin_lane=runner.pin_lane if runner.sliding_window else None,  # NOTE: see service.kv.window_pins
     )
     engine_config = EngineConfig(
         max_running=config.max_running,

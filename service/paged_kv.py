@@ -67,7 +67,7 @@ class KVBlockManager:
         ``host``: where evicted chains are spilled (None = they are lost); ``events``: where the
         blocks registered in and taken out of the prefix index are recorded (None: nowhere; the host
         tier records its own, given the same log); ``pin_lane``: a sequence id outside the lanes
-        that also holds every registered block's cells (None: none; see the module's last NOTE)."""
+        that also holds every full block's cells (None: none; see the module's last NOTE)."""
         if num_blocks < 1 or block_size < 1 or num_lanes < 1:
             raise ValueError("num_blocks, block_size and num_lanes must be positive")
         if max_cached_blocks is not None and max_cached_blocks < 0:

@@ -363,7 +363,7 @@ class ModelRunner:
         self.n_ctx: int = L.llama_n_ctx(self.ctx)
         self.step_tokens = step_tokens
         self.n_lanes = n_lanes
-        self.pin_lane = n_lanes + 1  # see service.paged_kv's NOTE on sliding windows
+        self.pin_lane = n_lanes + 1  # a second holder of full blocks' cells: service.kv.window_pins
         self._spilled: dict[int, list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]]] = {}  # key -> (p0, p1, state)
         self.spilled_bytes = 0  # host memory they hold (read by other threads: a plain int)
         self.n_threads = n_threads
@@ -506,19 +506,24 @@ class ModelRunner:
         not fit, the tokens are computed instead: slower, never wrong.
         """
         pieces = self._spilled.get(op.key)
-        if pieces is not None and self._restore(pieces, op):
+        done = self._restore(pieces, op) if pieces is not None else op.p0
+        if done >= op.p1:
             return
-        log.warning("a spilled prefix could not be restored; computing its %d tokens", op.p1 - op.p0)
-        L.llama_memory_seq_rm(self.mem, op.lane, -1, -1)
-        for i in range(op.p0, op.p1, self.step_tokens):
+        log.warning("a spilled prefix could not be restored; computing its %d tokens (from %d)", op.p1 - done, done)
+        for i in range(done, op.p1, self.step_tokens):
             chunk = np.asarray(op.tokens[i : min(i + self.step_tokens, op.p1)])
             want = np.zeros(len(chunk), dtype=np.int8)
             want[-1] = 1
             self.decode(chunk, np.arange(i, i + len(chunk)), np.full(len(chunk), op.lane), want)
             self._pin_range(op.lane, i, min(i + len(chunk), op.pinned))
 
-    def _restore(self, pieces: list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]], op: KVOp) -> bool:
-        """Each saved piece into the scratch lane, then its cells before ``op.p1`` into ``op.lane``."""
+    def _restore(self, pieces: list[tuple[int, int, ctypes.Array[ctypes.c_uint8]]], op: KVOp) -> int:
+        """Each saved piece into the scratch lane, then its cells before ``op.p1`` into ``op.lane``;
+        returns the position restored up to (the pieces after one that does not fit are computed).
+
+        NOTE: a failed piece leaves the pieces before it in place (and pinned): computing only the
+        rest never leaves a pinned cell that no lane holds.
+        """
         scratch = self.n_lanes
         for a, b, buf in pieces:
             if a >= op.p1:
@@ -529,8 +534,8 @@ class ModelRunner:
                 self._pin_range(scratch, a, min(b, op.pinned))
             L.llama_memory_seq_rm(self.mem, scratch, -1, -1)
             if not ok:
-                return False
-        return True
+                return a
+        return op.p1
 
     def _pin_range(self, src: int, p0: int, p1: int) -> None:
         if p1 > p0:
